@@ -1,0 +1,63 @@
+"""The ``skyrl-agent`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from skyrl_agent.sandbox import image
+
+
+def _image_build(args: argparse.Namespace) -> int:
+    recipe = image.ImageRecipe(tag=args.tag)
+    if not args.force and image.is_current(recipe):
+        print(f"{recipe.tag} is up to date (recipe {recipe.digest()})")
+        return 0
+    print(f"building {recipe.tag} from Debian {recipe.suite} via {image.debian_mirror()} …", flush=True)
+    start = time.monotonic()
+    image.build_image(recipe)
+    print(f"built {recipe.tag} (recipe {recipe.digest()}) in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+def _image_status(args: argparse.Namespace) -> int:
+    recipe = image.ImageRecipe(tag=args.tag)
+    found = image.image_recipe_of(recipe.tag)
+    if found is None:
+        print(f"{recipe.tag}: missing; run `skyrl-agent image build`")
+        return 1
+    state = "up to date" if found == recipe.digest() else f"stale (recipe {found}, expected {recipe.digest()})"
+    print(f"{recipe.tag}: {state}")
+    return 0 if found == recipe.digest() else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``skyrl-agent``."""
+    parser = argparse.ArgumentParser(prog="skyrl-agent", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    image_parser = commands.add_parser("image", help="build and inspect sandbox images")
+    image_commands = image_parser.add_subparsers(dest="image_command", required=True)
+    build = image_commands.add_parser("build", help="build the base image (skipped when up to date)")
+    build.add_argument("--tag", default=image.BASE_IMAGE, help="image tag (default: %(default)s)")
+    build.add_argument("--force", action="store_true", help="rebuild even when the image is up to date")
+    build.set_defaults(func=_image_build)
+    status = image_commands.add_parser("status", help="say whether the base image exists and is current")
+    status.add_argument("--tag", default=image.BASE_IMAGE, help="image tag (default: %(default)s)")
+    status.set_defaults(func=_image_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except image.ImageBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The ``skyrl-gym`` command line: inspect and check environments.
+
+Commands: ``list`` (registered ids and entry points), ``check ID`` (run :func:`skyrl_gym.checker.check_env`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+import skyrl_gym
+from skyrl_gym import error
+from skyrl_gym.envs.registration import registry
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _list(args: argparse.Namespace) -> int:
+    if args.json:
+        rows = {env_id: str(spec.entry_point) for env_id, spec in sorted(registry.items())}
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max((len(env_id) for env_id in registry), default=0)
+    for env_id, spec in sorted(registry.items()):
+        print(f"{env_id:<{width}}  {spec.entry_point}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from skyrl_gym.checker import check_env
+
+    extras = json.loads(args.extras) if args.extras else None
+    try:
+        passed = check_env(args.env_id, extras=extras, check_hostile_actions=not args.no_hostile)
+    except error.EnvContractError as exc:
+        print(f"{args.env_id}: FAILED {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.env_id}: {len(passed)} checks passed ({', '.join(passed)})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``skyrl-gym``."""
+    parser = argparse.ArgumentParser(prog="skyrl-gym", description="Inspect and check skyrl-gym environments.")
+    parser.add_argument("--version", action="version", version=f"skyrl-gym {skyrl_gym.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    listing = commands.add_parser("list", help="list the registered environments")
+    listing.add_argument("--json", action="store_true", help="print a JSON object id -> entry point")
+    listing.set_defaults(func=_list)
+
+    check = commands.add_parser("check", help="run the env contract checks on a registered environment")
+    check.add_argument("env_id", help="a registered id (see `skyrl-gym list`)")
+    check.add_argument("--extras", help="JSON object passed as the env's extras (default: the env's own sample)")
+    check.add_argument("--no-hostile", action="store_true", help="skip the malformed-action checks")
+    check.set_defaults(func=_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    func: Command = args.func
+    try:
+        return func(args)
+    except error.Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

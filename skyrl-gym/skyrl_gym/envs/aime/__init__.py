@@ -1,0 +1,1 @@
+"""AIME competition-math environment and its Minerva-style answer scoring."""

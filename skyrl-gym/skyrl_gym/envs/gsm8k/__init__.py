@@ -1,0 +1,1 @@
+"""GSM8K grade-school math environments and their answer scoring."""

@@ -1,0 +1,1 @@
+"""LiveCodeBench code-generation environment: code extraction, harnesses and output comparison."""

@@ -1,0 +1,1 @@
+"""Retrieval-augmented question answering environment and its exact-match scoring."""

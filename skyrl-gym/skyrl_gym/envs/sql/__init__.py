@@ -1,0 +1,1 @@
+"""Text-to-SQL environment: response format checks and read-only SQLite scoring."""
