@@ -1,6 +1,7 @@
 """The ``skyrl-gym`` command line: inspect and check environments.
 
-Commands: ``list`` (registered ids and entry points), ``check ID`` (run :func:`skyrl_gym.checker.check_env`).
+Commands: ``list`` (registered ids and entry points), ``check ID`` (run :func:`skyrl_gym.checker.check_env`),
+``make-dataset`` (write the offline demo datasets of :mod:`skyrl_gym.datasets`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import skyrl_gym
 from skyrl_gym import error
@@ -41,6 +43,18 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_dataset(args: argparse.Namespace) -> int:
+    from skyrl_gym import datasets
+
+    env_ids = sorted(datasets.BUILDERS) if args.env == ["all"] else args.env
+    for env_id in env_ids:
+        for split, size in (("train", args.train_size), ("test", args.test_size)):
+            rows = datasets.make_demo_dataset(env_id, size, seed=args.seed, split=split)
+            paths = datasets.write_dataset(rows, args.out / env_id / split, args.format)
+            print(f"{env_id}/{split}: {len(rows)} rows -> {', '.join(str(p) for p in paths)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``skyrl-gym``."""
     parser = argparse.ArgumentParser(prog="skyrl-gym", description="Inspect and check skyrl-gym environments.")
@@ -56,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--extras", help="JSON object passed as the env's extras (default: the env's own sample)")
     check.add_argument("--no-hostile", action="store_true", help="skip the malformed-action checks")
     check.set_defaults(func=_check)
+
+    data = commands.add_parser("make-dataset", help="write small offline demo datasets (JSONL and Parquet)")
+    data.add_argument("--env", nargs="+", default=["all"], help="env ids, or 'all' (default)")
+    data.add_argument("--out", type=Path, default=Path("data/demo"), help="output directory (default: %(default)s)")
+    data.add_argument("--train-size", type=int, default=64)
+    data.add_argument("--test-size", type=int, default=16)
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--format", nargs="+", default=["jsonl", "parquet"], choices=["jsonl", "parquet"])
+    data.set_defaults(func=_make_dataset)
     return parser
 
 
@@ -65,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Command = args.func
     try:
         return func(args)
-    except error.Error as exc:
+    except (error.Error, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
