@@ -1,0 +1,52 @@
+"""The critic's loss for GAE-based PPO."""
+
+from __future__ import annotations
+
+import torch
+
+from skyrl_train.algorithms.reductions import LossReduction, masked_mean, reduce_loss
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    loss_mask: torch.Tensor,
+    value_clip: float | None = 0.2,
+    reduction: LossReduction = "token_mean",
+    *,
+    token_weights: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss (PPO, arXiv 1707.06347, as in its reference implementation).
+
+    ``V_clip = V_old + clip(V − V_old, −ε_v, ε_v)``; ``L_t = ½ max((V − R)², (V_clip − R)²)``: the critic may not
+    move a prediction more than ``ε_v = value_clip`` away from the value it had when the batch was collected, unless
+    that reduces the error. ``value_clip=None`` gives the plain ``½ (V − R)²``.
+
+    Args:
+        values: ``[B, T]`` float predictions of the critic being trained (carries the graph).
+        old_values: ``[B, T]`` float predictions at collection time.
+        returns: ``[B, T]`` float targets (GAE returns).
+        loss_mask: ``[B, T]`` 0/1.
+        value_clip: ``ε_v``, or None for no clipping.
+        reduction: per-token → scalar; ``token_weights`` (from ``loss_weights``) override it.
+        token_weights: ``[B, T]`` float precomputed reduction weights.
+        max_seq_len: for ``seq_mean_token_sum_norm``.
+
+    Returns:
+        ``(loss, {"vf_clip_frac", "values_mean"})``; the loss is a 0-dim tensor.
+    """
+    unclipped = (values - returns) ** 2
+    if value_clip is None:
+        token_loss, clipped = unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    else:
+        clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        clipped_error = (clipped_values - returns) ** 2
+        token_loss, clipped = torch.maximum(unclipped, clipped_error), clipped_error > unclipped
+    loss = 0.5 * reduce_loss(token_loss, loss_mask, reduction, token_weights=token_weights, max_seq_len=max_seq_len)
+    metrics = {
+        "vf_clip_frac": masked_mean(clipped.float(), loss_mask).item(),
+        "values_mean": masked_mean(values.detach(), loss_mask).item(),
+    }
+    return loss, metrics
