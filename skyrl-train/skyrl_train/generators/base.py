@@ -1,0 +1,68 @@
+"""The generator protocol: prompts + environments + an inference engine → token-level trajectories.
+
+The trainer calls a :class:`Generator` and never sees environments, sandboxes or agent loops; long-horizon agent
+layers plug in by implementing this protocol.
+
+Per trajectory ``i`` the output holds the prompt ids and the response ids. The response interleaves tokens the
+model generated (``loss_masks[i][t] == 1``) and tokens of environment observations (``0``). ``rewards[i]`` is
+token-level: each turn's reward sits on that turn's last generated token, zeros elsewhere. ``rollout_logprobs``
+has the engine's log-probability for generated tokens and ``0.0`` for observation tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from skyrl_gym.envs.base_text_env import ConversationType
+from skyrl_train.inference.base import SamplingParams
+
+TrajectoryStopReason = Literal[
+    "stop",  # the env said done
+    "length",  # the response hit its token budget
+    "max_turns",  # the turn limit ended the episode
+    "context",  # the next prompt would exceed max_input_length
+    "env_error",  # the env raised in init/step/close
+    "engine_error",  # the inference engine failed for this trajectory
+    "timeout",  # the trajectory ran past its deadline
+]
+
+
+@dataclass
+class GeneratorInput:
+    """One batch of prompts to roll out; every list has one entry per trajectory."""
+
+    prompts: list[ConversationType]
+    env_classes: list[str]
+    env_extras: list[dict[str, Any]]
+    trajectory_ids: list[str]  # "<prompt uid>:<sample index>"; samples of one prompt share the uid
+    sampling_params: SamplingParams
+    training: bool = True  # False for evaluation rollouts
+    global_step: int = 0
+
+
+@dataclass
+class GeneratorOutput:
+    """Token-level trajectories, aligned with the :class:`GeneratorInput` they came from."""
+
+    prompt_token_ids: list[list[int]]
+    response_ids: list[list[int]]
+    loss_masks: list[list[int]]
+    rewards: list[list[float]]
+    rollout_logprobs: list[list[float]] | None
+    stop_reasons: list[TrajectoryStopReason]
+    trajectory_ids: list[str]
+    env_metrics: list[dict[str, Any]] = field(default_factory=list)  # per trajectory, from env.get_metrics()
+    metrics: dict[str, float] = field(default_factory=dict)  # batch-level rollout statistics
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Anything that turns a :class:`GeneratorInput` into a :class:`GeneratorOutput` of the same length."""
+
+    async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
+        """Roll out every trajectory of ``batch``; never raises for one trajectory's failure."""
+        ...

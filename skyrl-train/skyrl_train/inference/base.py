@@ -1,0 +1,78 @@
+"""The inference-engine protocol: generate from token ids, update weights, pause and resume.
+
+Token in, token out: prompts are token ids and outputs are the token ids the engine sampled, with their
+log-probabilities, so the ids trained on are exactly the ids generated (no re-tokenisation drift).
+
+Log-probabilities are those of the distribution the token was sampled from, ``log_softmax(logits / temperature)``
+(vLLM's ``processed_logprobs``). With top-k/top-p disabled that is exactly what the trainer recomputes, so the
+mean ``|rollout − trainer|`` log-probability gap of an on-policy step is small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+StopReason = Literal["stop", "length", "abort"]
+"""Why generation ended: ``stop`` (an EOS/stop token or stop string), ``length`` (``max_tokens``), ``abort``."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion. Field names follow vLLM's where they overlap."""
+
+    max_tokens: int = 1024  # new tokens at most
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 disables top-k
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()  # stop strings; the stop string is kept in the output
+    stop_token_ids: tuple[int, ...] = ()  # extra stop tokens besides the tokenizer's EOS
+    logprobs: bool = True  # return the sampled tokens' log-probabilities
+    seed: int | None = None  # per-request seed for reproducible sampling
+
+
+@dataclass
+class GenerationOutput:
+    """One completion: the sampled ids (the stop token included when it was sampled)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None  # one per token in ``token_ids`` when requested
+    stop_reason: StopReason
+    text: str | None = None  # the decoded text, when the engine decodes
+    metadata: dict[str, object] = field(default_factory=dict)
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """An engine serving one policy. All methods are coroutines; engines must be safe to call concurrently.
+
+    ``generate`` may be called from many trajectories at once; engines batch concurrent requests themselves.
+    ``update_weights`` receives ``(name, tensor)`` pairs in the Hugging Face parameter naming of the policy
+    and returns once the engine generates with them. While paused, ``generate`` calls wait; in-flight ones
+    finish first.
+    """
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """Sample one completion per prompt (token ids), in order."""
+        ...
+
+    async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new policy weights; later ``generate`` calls use them."""
+        ...
+
+    async def pause(self) -> None:
+        """Hold new generation until ``resume`` (e.g. during a weight sync)."""
+        ...
+
+    async def resume(self) -> None:
+        """Let generation continue after ``pause``."""
+        ...
+
+    async def close(self) -> None:
+        """Release the engine's processes and memory; idempotent."""
+        ...
