@@ -1,7 +1,8 @@
 """The ``skyrl-gym`` command line: inspect and check environments.
 
 Commands: ``list`` (registered ids and entry points), ``check ID`` (run :func:`skyrl_gym.checker.check_env`),
-``make-dataset`` (write the offline demo datasets of :mod:`skyrl_gym.datasets`).
+``make-dataset`` (write the offline demo datasets of :mod:`skyrl_gym.datasets`), ``build-index`` and
+``serve-retriever`` (the BM25 retrieval service of :mod:`skyrl_gym.retrieval`; their own ``--help`` lists options).
 """
 
 from __future__ import annotations
@@ -79,11 +80,28 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--format", nargs="+", default=["jsonl", "parquet"], choices=["jsonl", "parquet"])
     data.set_defaults(func=_make_dataset)
+
+    commands.add_parser("build-index", help="build a BM25 index from a JSONL corpus (see build-index --help)")
+    commands.add_parser("serve-retriever", help="serve a BM25 index over HTTP (see serve-retriever --help)")
     return parser
+
+
+# Commands with their own argument parsers, forwarded the rest of the command line.
+FORWARDED = {
+    "build-index": ("skyrl_gym.retrieval.cli", "build_index_main"),
+    "serve-retriever": ("skyrl_gym.retrieval.cli", "serve_main"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in FORWARDED:
+        import importlib
+
+        module, name = FORWARDED[argv[0]]
+        forwarded: Callable[[list[str]], int] = getattr(importlib.import_module(module), name)
+        return forwarded(argv[1:])
     args = build_parser().parse_args(argv)
     func: Command = args.func
     try:

@@ -22,6 +22,16 @@ Builder = Callable[[random.Random, int], Row]
 GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after '####'."
 AIME_INSTRUCTION = "Solve the problem. End your response with a line 'Answer: <answer>'."
 LCB_INSTRUCTION = "Write a Python program that solves the task. Put the code in one ```python``` block."
+SEARCH_INSTRUCTION = (
+    "Answer the question. Reason inside <think> and </think> whenever you get new information. To look something "
+    "up, write <search> query </search>; the results come back between <information> and </information>. Search "
+    "as often as you need. When you know the answer, give it inside <answer> and </answer>, without explanation."
+)
+SEARCHCODE_INSTRUCTION = (
+    "Solve the problem. You may call tools: <tool><python>code</python></tool> runs Python and shows what it "
+    "prints; <tool><search>query</search></tool> searches a knowledge base. End with <solution>#### N</solution> "
+    "where N is the final number."
+)
 FORMATS = ("jsonl", "parquet")
 
 
@@ -116,12 +126,33 @@ def text2sql_row(rng: random.Random, index: int) -> Row:
     }
 
 
+def search_row(rng: random.Random, index: int) -> Row:
+    """A single- or two-hop question over the bundled encyclopedia (served by ``skyrl-gym serve-retriever``)."""
+    from skyrl_gym.retrieval.data import load_bundled_questions
+
+    question = rng.choice(load_bundled_questions())
+    prompt = f"{SEARCH_INSTRUCTION}\n\nQuestion: {question['question']}"
+    row = _row("search", "search_demo", prompt, {"target": list(question["golden_answers"])}, index)
+    row["extra_info"]["hops"] = question["hops"]
+    return row
+
+
+def searchcode_row(rng: random.Random, index: int) -> Row:
+    """An arithmetic word problem, best solved with the python tool; answered as ``#### N``."""
+    question, answer = _word_problem(rng)
+    factor = rng.randrange(11, 99)
+    question = f"{question} Then multiply that number by {factor}."
+    return _row("searchcode", "searchcode_demo", f"{question}\n\n{SEARCHCODE_INSTRUCTION}", str(answer * factor), index)
+
+
 BUILDERS: dict[str, Builder] = {
     "gsm8k": gsm8k_row,
     "gsm8k_multi_turn": gsm8k_multi_turn_row,
     "aime": aime_row,
     "lcb": lcb_row,
     "text2sql": text2sql_row,
+    "search": search_row,
+    "searchcode": searchcode_row,
 }
 
 

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,3 +67,13 @@ def test_unknown_id_names_the_registered_ones(capsys: pytest.CaptureFixture[str]
 def test_module_entry_point_runs() -> None:
     proc = subprocess.run([sys.executable, "-m", "skyrl_gym", "list"], capture_output=True, text=True, check=True)
     assert "searchcode" in proc.stdout
+
+
+def test_build_index_is_forwarded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["build-index", "--index", str(tmp_path / "idx")]) == 0
+    assert (tmp_path / "idx" / "meta.json").exists()
+    assert "Indexed" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve-retriever", "--index", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    assert "build-index" in capsys.readouterr().err

@@ -58,6 +58,24 @@ def test_text2sql_rows_are_solvable() -> None:
         assert out["reward"] == 1.0
 
 
+def test_search_rows_are_answerable() -> None:
+    for row in datasets.make_demo_dataset("search", 4):
+        env, prompt = _env_from_row(row)
+        env.init(prompt)
+        out = env.step(f"<answer>{row['reward_spec']['ground_truth']['target'][0]}</answer>")
+        assert out["done"]
+        assert out["reward"] == 1.0
+
+
+def test_searchcode_rows_are_solvable() -> None:
+    for row in datasets.make_demo_dataset("searchcode", 3):
+        env, prompt = _env_from_row(row)
+        env.init(prompt)
+        out = env.step(f"<solution>#### {row['reward_spec']['ground_truth']}</solution>")
+        assert out["done"]
+        assert out["reward"] == 1.0
+
+
 def test_lcb_rows_hold_consistent_tests() -> None:
     for row in datasets.make_demo_dataset("lcb", 8):
         tests = json.loads(row["reward_spec"]["ground_truth"])

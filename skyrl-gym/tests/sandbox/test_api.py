@@ -1,0 +1,255 @@
+"""The public surface: limits, results, the tool text, modes, the default executor, lifecycle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skyrl_gym import error
+from skyrl_gym.sandbox import (
+    GUARANTEES,
+    CodeExecutor,
+    ExecutionResult,
+    ExecutorClosedError,
+    SandboxError,
+    SandboxLimits,
+    SandboxStartError,
+    SandboxUnavailableError,
+    format_python_tool_output,
+    get_default_executor,
+    isolation_guarantees,
+    isolation_mode,
+)
+from skyrl_gym.sandbox.interpreter import SYSTEM_PYTHON, inspect_interpreter
+from skyrl_gym.sandbox.isolation import MODES, UidPool, bwrap_command
+
+ERROR = "Error executing Python code: "
+
+
+def result(**changes: object) -> ExecutionResult:
+    fields: dict[str, object] = {
+        "stdout": "",
+        "stderr": "",
+        "exit_code": 0,
+        "timed_out": False,
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration_s": 0.01,
+        "isolation": "bwrap",
+    }
+    fields.update(changes)
+    return ExecutionResult(**fields)  # type: ignore[arg-type]
+
+
+def test_limits_validate() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxLimits(timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        SandboxLimits(memory_mb=0)
+    with pytest.raises(ValueError, match="cpu_s"):
+        SandboxLimits(cpu_s=-1)
+
+
+def test_cpu_limit_follows_the_timeout() -> None:
+    assert SandboxLimits(timeout_s=2.5).cpu_seconds == 4
+    assert SandboxLimits(timeout_s=2.5, cpu_s=1.2).cpu_seconds == 2
+    assert SandboxLimits().replace(timeout_s=7).timeout_s == 7
+
+
+def test_rlimit_header() -> None:
+    limits = SandboxLimits(timeout_s=1, memory_mb=2, max_processes=3, max_file_mb=4)
+    assert limits.rlimit_header(max_processes=True) == f"{2 << 20} 2 3 {4 << 20}\n".encode()
+    assert limits.rlimit_header(max_processes=False) == f"{2 << 20} 2 -1 {4 << 20}\n".encode()
+
+
+@pytest.mark.parametrize(
+    ("run", "expected"),
+    [
+        (result(stdout="  42\n\n"), "42"),
+        (result(stdout=""), ""),
+        (
+            result(stdout="out\n", stderr="Traceback ...\nValueError: x\n", exit_code=1),
+            ERROR + "Traceback ...\nValueError: x",
+        ),
+        (
+            result(stdout="ok\n", stderr="<string>:1: UserWarning: w\n"),
+            ERROR + "<string>:1: UserWarning: w",
+        ),
+        (result(timed_out=True, exit_code=-9), ERROR + "Execution timed out after 2.5 seconds."),
+        (result(exit_code=-24), ERROR + "Execution timed out after 2.5 seconds."),
+    ],
+)
+def test_python_tool_text(run: ExecutionResult, expected: str) -> None:
+    assert format_python_tool_output(run, 2.5) == expected
+
+
+def test_python_tool_text_prints_the_timeout_as_given() -> None:
+    assert format_python_tool_output(result(timed_out=True), 10) == (ERROR + "Execution timed out after 10 seconds.")
+
+
+def test_result_flags() -> None:
+    assert result().ok
+    assert not result(exit_code=1).ok
+    assert result(stdout_truncated=True).killed
+    assert result(exit_code=-24).cpu_limit_exceeded
+
+
+def test_mode_and_guarantees() -> None:
+    mode = isolation_mode()
+    assert mode in MODES
+    assert isolation_guarantees() <= set(GUARANTEES)
+    assert {"resource_limits", "wall_clock", "output_cap", "private_tmp"} <= isolation_guarantees("rlimits")
+    assert isolation_guarantees("rlimits") <= isolation_guarantees("unshare") <= isolation_guarantees("bwrap")
+
+
+def test_environment_variable_selects_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKYRL_SANDBOX_ISOLATION", "rlimits")
+    assert isolation_mode() == "rlimits"
+    monkeypatch.setenv("SKYRL_SANDBOX_ISOLATION", "chroot")
+    with pytest.raises(SandboxUnavailableError, match="chroot"):
+        isolation_mode()
+
+
+def test_errors_are_library_errors() -> None:
+    assert issubclass(SandboxError, error.Error)
+    assert issubclass(ExecutorClosedError, SandboxError)
+
+
+def test_bwrap_command_shape(tmp_path: Path) -> None:
+    prefix = tmp_path / "py"
+    (prefix / "lib").mkdir(parents=True)
+    roots = [str(prefix / "lib"), str(prefix), "/usr/lib", "/nonexistent"]
+    command = bwrap_command(["python", "-c", "pass"], ro_paths=roots, tmpfs_bytes=1024)
+    assert command[0] == "bwrap"
+    assert command[-4:] == ["--", "python", "-c", "pass"]
+    assert "--unshare-net" in command
+    assert "--unshare-pid" in command
+    # Nested, missing and /usr paths collapse into the binds that already show them.
+    binds = [command[i + 1] for i, arg in enumerate(command) if arg == "--ro-bind"]
+    assert binds[-1] == str(prefix)
+    assert str(prefix / "lib") not in binds
+    assert "/nonexistent" not in binds
+    assert binds.count("/usr") == 1
+    # Parent directories are created searchable, whatever their mode on the host.
+    parent = str(tmp_path)
+    assert command[command.index(parent) - 3 : command.index(parent) + 1] == ["--perms", "0755", "--dir", parent]
+    # The private /tmp is mounted before the binds, so a bind below /tmp stays visible.
+    assert command.index("/tmp") < command.index(str(prefix))
+
+
+def test_uid_pool_hands_out_distinct_uids() -> None:
+    pool = UidPool(pid=12345)
+    first, second = pool.acquire(), pool.acquire()
+    assert first != second
+    assert first in pool.uids
+    assert first in pool
+    pool.release(first)
+    assert first not in pool
+    assert pool.acquire() not in (first, second)  # round-robin: a freed uid is reused last
+    assert max(UidPool(pid=2**22 - 1).uids) < 2**31
+
+
+def test_code_must_be_text(shared_executor: CodeExecutor) -> None:
+    with pytest.raises(TypeError):
+        shared_executor.run(b"print(1)")  # type: ignore[arg-type]
+
+
+def test_surrogates_and_null_bytes(shared_executor: CodeExecutor) -> None:
+    # Neither can reach `python -c` through argv; the sandbox reports them as the compiler does.
+    surrogate = shared_executor.run("print(len('\udcff'))")
+    assert surrogate.exit_code == 1
+    assert "surrogates not allowed" in surrogate.stderr
+    null = shared_executor.run("print(1)\x00")
+    assert null.exit_code == 1
+    assert "null bytes" in null.stderr
+
+
+def test_closed_executor_refuses_runs() -> None:
+    executor = CodeExecutor(pool_size=1)
+    executor.close()
+    executor.close()  # idempotent
+    assert executor.closed
+    with pytest.raises(ExecutorClosedError):
+        executor.run("print(1)")
+
+
+def test_pool_size_zero_still_runs() -> None:
+    with CodeExecutor(pool_size=0) as executor:
+        assert executor.run("print('cold')").stdout == "cold\n"
+
+
+def test_unknown_interpreter_is_refused() -> None:
+    with pytest.raises(SandboxUnavailableError):
+        CodeExecutor(python="/nonexistent/python3")
+
+
+def test_default_executor_is_shared() -> None:
+    first = get_default_executor()
+    assert get_default_executor() is first
+    assert first.run("print('default')").stdout == "default\n"
+    first.close()
+    second = get_default_executor()  # a closed default is replaced
+    assert second is not first
+    second.close()
+
+
+def test_import_starts_nothing() -> None:
+    code = textwrap.dedent(
+        """
+        import os, threading
+        import skyrl_gym.sandbox, skyrl_gym.tools.python
+        children = [p for p in os.listdir('/proc') if p.isdigit()
+                    and open(f'/proc/{p}/stat').read().split(')')[-1].split()[1] == str(os.getpid())]
+        print(threading.active_count(), children)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout == "1 []\n"
+
+
+def test_executor_closes_at_exit() -> None:
+    # An executor left open is closed when the interpreter exits: its idle workers do not outlive it.
+    code = (
+        "from skyrl_gym.sandbox import get_default_executor\n"
+        "print(get_default_executor().run('print(5)').stdout, end='')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout == "5\n"
+    assert done.stderr == ""
+
+
+def test_interpreter_outside_bwrap_is_usable_by_the_private_uid() -> None:
+    own = inspect_interpreter(sys.executable)
+    private = os.geteuid() == 0 and not own.usable_by_any_uid()
+    with CodeExecutor(pool_size=1, isolation="rlimits") as executor:
+        # A private interpreter (pyenv under /root) is replaced by the system one; otherwise it is kept.
+        assert executor.python == (SYSTEM_PYTHON if private else sys.executable)
+        assert executor.run("import json\nprint(json.dumps([1]))").stdout == "[1]\n"
+    if private:
+        with pytest.raises(SandboxUnavailableError, match="unprivileged"):
+            CodeExecutor(pool_size=0, isolation="rlimits", python=sys.executable)
+
+
+def test_worker_killed_while_idle_is_replaced(host: Any) -> None:
+    with CodeExecutor(pool_size=1) as executor:
+        pool = executor._pool
+        assert host.wait_until(lambda: pool.idle_count() == 1)
+        idle = pool._ready[0]
+        os.killpg(idle.pid, signal.SIGKILL)
+        assert host.wait_until(lambda: os.waitid(os.P_PID, idle.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None)
+        result = executor.run("print('fresh')")
+        assert result.stdout == "fresh\n"
+        assert result.exit_code == 0
+
+
+def test_interpreter_that_cannot_start_is_an_error() -> None:
+    executor = CodeExecutor(pool_size=0, preload=["no_such_module_for_the_sandbox"])
+    with executor, pytest.raises(SandboxStartError, match="no_such_module_for_the_sandbox"):
+        executor.run("print(1)")
