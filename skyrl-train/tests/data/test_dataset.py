@@ -125,6 +125,7 @@ def test_saved_hf_dataset_without_the_package(tmp_path: Path, monkeypatch: pytes
 
 def test_saved_hf_dataset_round_trip(tmp_path: Path) -> None:
     import datasets
+
     datasets.Dataset.from_list([_row(), _row("b")]).save_to_disk(str(tmp_path / "saved"))
     assert len(PromptDataset([tmp_path / "saved"], default_env_class="gsm8k")) == 2
 
