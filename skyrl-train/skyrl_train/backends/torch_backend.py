@@ -1,0 +1,382 @@
+"""The in-process torch backend: one Hugging Face model and its AdamW optimizer on one device.
+
+It implements :class:`~skyrl_train.backends.base.TrainingBackend` for tests, CPU runs and single-GPU runs; the
+Ray/FSDP2 backend implements the same protocol across processes.
+
+Micro-batching: a batch is cut into micro-batches of ``micro_*_batch_size`` rows, or by a token budget
+(``max_tokens_per_microbatch``); each is laid out padded or packed (:mod:`skyrl_train.backends.packing`). In
+``forward_backward`` each micro-batch's loss is back-propagated right after its forward pass (so one micro-batch's
+activations are alive at a time) and the gradients add up in ``.grad``: the loss function scales its losses for
+accumulation, so nothing here divides by the number of micro-batches.
+
+Extensions of the protocol (all keyword arguments with defaults, so callers of the protocol are unaffected):
+``forward(..., with_entropy=False)``, :meth:`TorchBackend.export_hf`, and ``global_step``.
+
+Checkpoint layout written by :meth:`TorchBackend.save` (written to a hidden sibling directory, then renamed into
+place, so ``path`` never holds a half-written checkpoint)::
+
+    model.safetensors   module state in the backend's own naming (with LoRA: PEFT names, base + adapters)
+    optimizer.pt        AdamW state
+    scheduler.pt        lr scheduler state
+    rng.pt              torch CPU (and CUDA) generator states
+    backend.json        global step and the config it was written with
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from safetensors.torch import load_model, save_file, save_model
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+
+from skyrl_train.algorithms.entropy import entropy_from_logits
+from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
+from skyrl_train.backends.config import BackendConfig, OptimizerConfig
+from skyrl_train.backends.lora import apply_lora, merged_weights, unwrap
+from skyrl_train.backends.packing import (
+    ModelInputs,
+    model_inputs,
+    require_packed_sequence_support,
+    row_costs,
+    split_by_rows,
+    split_by_tokens,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TorchBackend:
+    """A causal LM policy trained in this process; see the module docstring for layout and checkpoints.
+
+    Building it seeds torch's global generator with ``config.seed`` (adapter init and dropout draw from it), loads
+    the model onto ``config.device``, and creates the optimizer and scheduler. The backend owns the model; tensors
+    it returns are detached.
+    """
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        if config.remove_padding:
+            require_packed_sequence_support()
+        torch.manual_seed(config.seed)
+        model = self._load_model()
+        if config.gradient_checkpointing:
+            # Non-reentrant checkpointing works with frozen inputs (LoRA) without forcing input gradients.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if config.lora.enabled:
+            model = apply_lora(model, config.lora, extra_trainable=self._extra_trainable_modules())
+        self.model: nn.Module = model.to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters(),
+            lr=config.optimizer.lr,
+            betas=config.optimizer.betas,
+            weight_decay=config.optimizer.weight_decay,
+            eps=config.optimizer.eps,
+        )
+        self.scheduler = make_scheduler(self.optimizer, config.optimizer)
+        self.global_step = 0  # optimizer steps taken (skipped non-finite steps included)
+
+    # --- model-specific hooks (the critic overrides these) ---
+
+    def _load_model(self) -> Any:
+        """The Hugging Face model, in ``config.dtype``, on the CPU."""
+        from transformers import AutoModelForCausalLM
+
+        check_model_path(self.config.model_path)
+        return AutoModelForCausalLM.from_pretrained(self.config.model_path, **self._load_kwargs())
+
+    def _load_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"dtype": _DTYPES[self.config.dtype]}
+        if self.config.attn_implementation is not None:
+            kwargs["attn_implementation"] = self.config.attn_implementation
+        return kwargs
+
+    def _extra_trainable_modules(self) -> Sequence[str]:
+        """Submodules trained in full even with LoRA (none for a policy)."""
+        return ()
+
+    def _micro_output(self, micro_batch: TrainingBatch, temperature: float, with_entropy: bool) -> ModelOutput:
+        """Log-probs ``[b, T]`` (and entropy ``[b, T]``) of one micro-batch already on the device."""
+        inputs = self._inputs(micro_batch)
+        keep, rows, cols = inputs.logits_to_keep()
+        logits = self.model(**inputs.model_kwargs(), logits_to_keep=keep).logits[rows, cols]  # [K, V]
+        logits = logits.float() / temperature
+        log_probs = inputs.scatter(token_log_probs(logits, inputs.targets()))
+        entropy = inputs.scatter(entropy_from_logits(logits)) if with_entropy else None
+        return ModelOutput(log_probs=log_probs, entropy=entropy)
+
+    def _inputs(self, micro_batch: TrainingBatch) -> ModelInputs:
+        return model_inputs(
+            micro_batch.input_ids,
+            micro_batch.attention_mask,
+            micro_batch.response_length,
+            packed=self.config.remove_padding,
+        )
+
+    # --- the TrainingBackend protocol ---
+
+    @torch.no_grad()
+    def forward(self, batch: TrainingBatch, *, temperature: float = 1.0, with_entropy: bool = False) -> ModelOutput:
+        """Log-probabilities ``[B, T]`` of the response tokens under ``softmax(logits / temperature)``, no gradient.
+
+        Runs in eval mode, ``micro_forward_batch_size`` rows (or the token budget) at a time. Returns tensors on
+        the device of ``batch.input_ids``; response positions that are padding (or follow padding) hold 0.
+        """
+        _check_call(batch, temperature)
+        self.model.eval()
+        slices = self._micro_slices(batch, self.config.micro_forward_batch_size)
+        outputs = [self._micro_output(batch.select(s).to(self.device), temperature, with_entropy) for s in slices]
+        return _concat_outputs(outputs, batch.input_ids.device)
+
+    def forward_backward(
+        self, batch: TrainingBatch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False
+    ) -> dict[str, float]:
+        """Add the gradients of ``loss_fn`` over the batch's micro-batches to the parameters' ``.grad``.
+
+        Returns the loss function's metrics averaged over micro-batches, each weighted by its number of
+        ``response_mask`` tokens, and ``loss``: the sum of the micro-batch losses (they are pre-scaled, so the sum
+        is the batch loss).
+
+        Raises:
+            ValueError: the batch is not a multiple of ``micro_train_batch_size`` (without a token budget).
+        """
+        _check_call(batch, temperature)
+        size = self.config.micro_train_batch_size
+        if self.config.max_tokens_per_microbatch <= 0 and len(batch) % size:
+            raise ValueError(
+                f"batch of {len(batch)} rows is not divisible by micro_train_batch_size={size}: "
+                "pad the batch or choose a micro-batch size that divides it"
+            )
+        self.model.train()
+        total_loss, weighted = 0.0, []
+        for rows in self._micro_slices(batch, size):
+            micro_batch = batch.select(rows).to(self.device)
+            loss, metrics = loss_fn(self._micro_output(micro_batch, temperature, with_entropy), micro_batch)
+            torch.autograd.backward(loss)
+            total_loss += float(loss.detach())
+            weighted.append((float(micro_batch.response_mask.sum()), metrics))
+        return {**_weighted_mean(weighted), "loss": total_loss}
+
+    def optim_step(self) -> dict[str, float]:
+        """Clip the gradient norm, step AdamW and the scheduler, zero the gradients.
+
+        A non-finite gradient norm skips the AdamW update (weights and moments untouched) and reports
+        ``skipped = 1``; the scheduler still advances, so the schedule follows the trainer's step count.
+
+        Returns:
+            ``grad_norm`` (before clipping), ``lr`` (the rate this step used) and ``skipped`` (0 or 1).
+        """
+        max_norm = self.config.optimizer.max_grad_norm
+        clip_to = max_norm if max_norm is not None and max_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), clip_to))
+        lr = float(self.scheduler.get_last_lr()[0])
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+
+    def get_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(Hugging Face name, tensor)`` pairs of the model, LoRA merged, tied weights once.
+
+        Tensors are detached and on the backend's device. Unadapted ones are views of the live parameters: valid
+        until the next :meth:`optim_step`; copy them to keep them.
+        """
+        return merged_weights(self.model)
+
+    def save(self, path: Path) -> None:
+        """Write model, optimizer, scheduler, RNG states and step under ``path``; replaces it atomically."""
+        with _atomic_directory(Path(path)) as tmp:
+            save_model(self.model, str(tmp / "model.safetensors"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            state = {"global_step": self.global_step, "config": asdict(self.config)}
+            (tmp / "backend.json").write_text(json.dumps(state, indent=2))
+
+    def load(self, path: Path) -> None:
+        """Restore what :meth:`save` wrote; the backend must be built with the same model and LoRA config."""
+        path = Path(path)
+        if not (path / "backend.json").is_file():
+            raise FileNotFoundError(f"{path} is not a backend checkpoint (no backend.json); was it written by save()?")
+        missing, unexpected = load_model(self.model, str(path / "model.safetensors"), strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint {path} does not match this model (missing {sorted(missing)[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}): build the backend with the config it was saved with"
+            )
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        self.global_step = int(json.loads((path / "backend.json").read_text())["global_step"])
+
+    # --- beyond the protocol ---
+
+    def export_hf(self, path: Path, tokenizer_path: str | Path | None = None) -> None:
+        """Write a Hugging Face model directory (LoRA merged) that transformers and vLLM load; atomic.
+
+        Args:
+            path: the directory to create or replace.
+            tokenizer_path: where to read the tokenizer from; defaults to ``config.model_path``.
+        """
+        from transformers import AutoTokenizer
+
+        hf_model = cast("PreTrainedModel", unwrap(self.model))
+        config = copy.deepcopy(hf_model.config)
+        config.architectures = [type(hf_model).__name__]
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or self.config.model_path))
+        weights = {name: t.detach().to("cpu").contiguous() for name, t in self.get_weights()}
+        with _atomic_directory(Path(path)) as tmp:
+            config.save_pretrained(tmp)
+            generation_config = getattr(hf_model, "generation_config", None)
+            if generation_config is not None:
+                generation_config.save_pretrained(tmp)
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            tokenizer.save_pretrained(tmp)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters the optimizer updates (all of them, or the adapters and extra modules with LoRA)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _micro_slices(self, batch: TrainingBatch, rows_per_micro_batch: int) -> list[slice]:
+        budget = self.config.max_tokens_per_microbatch
+        if budget > 0:
+            packed = self.config.remove_padding
+            return split_by_tokens(row_costs(batch.attention_mask, packed=packed), budget, packed=packed)
+        return split_by_rows(len(batch), rows_per_micro_batch)
+
+
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[target]`` at every position: ``[K, V]`` float logits, ``[K]`` int64 → ``[K]``."""
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: OptimizerConfig) -> LRScheduler:
+    """The Hugging Face schedule ``config.scheduler`` (a ``LambdaLR``) over ``optimizer``.
+
+    ``constant``: ``lr``. ``constant_with_warmup``: ``lr · s / warmup`` for step ``s < warmup``, then ``lr``.
+    ``linear``/``cosine``: the same warm-up, then a linear or half-cosine decay to 0 at ``total_steps``.
+    """
+    from transformers import get_scheduler
+
+    return cast(
+        LRScheduler,
+        get_scheduler(
+            config.scheduler,
+            optimizer,
+            num_warmup_steps=config.num_warmup_steps,
+            num_training_steps=config.total_steps,
+        ),
+    )
+
+
+def check_model_path(model_path: str) -> None:
+    """Fail early, naming the path, when a local-looking model path is not a model directory."""
+    path = Path(model_path).expanduser()
+    # A hub id is "name" or "org/name"; anything else is a local path.
+    looks_local = path.is_absolute() or model_path.startswith((".", "~")) or model_path.count("/") > 1 or path.exists()
+    if looks_local and not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no Hugging Face model at {model_path} (expected {path / 'config.json'}); for tests and CPU runs build "
+            "the tiny model there with skyrl_train.models.tiny.build_tiny_model(path)"
+        )
+
+
+def _check_call(batch: TrainingBatch, temperature: float) -> None:
+    """Reject a temperature or a batch layout the backend would otherwise mis-read silently."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    rows, length = batch.input_ids.shape
+    if rows == 0:
+        raise ValueError("the batch is empty")
+    if batch.attention_mask.shape != batch.input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(batch.attention_mask.shape)} != input_ids {(rows, length)}")
+    if batch.response_mask.shape[0] != rows or not 0 < batch.response_length <= length:
+        raise ValueError(
+            f"response_mask {tuple(batch.response_mask.shape)} must be [{rows}, T] with 0 < T <= {length}: "
+            "responses are the last T positions of input_ids"
+        )
+    for name, tensor in batch.tensors.items():
+        if tensor.shape[0] != rows:
+            raise ValueError(f"batch.tensors[{name!r}] has {tensor.shape[0]} rows, the batch {rows}")
+
+
+def _concat_outputs(outputs: list[ModelOutput], device: torch.device) -> ModelOutput:
+    """Stack micro-batch outputs along rows, on ``device``."""
+
+    def cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+        if any(p is None for p in parts):
+            return None
+        return torch.cat([cast(torch.Tensor, p) for p in parts]).to(device)
+
+    log_probs = cat([o.log_probs for o in outputs])
+    assert log_probs is not None
+    return ModelOutput(
+        log_probs=log_probs,
+        entropy=cat([o.entropy for o in outputs]),
+        values=cat([o.values for o in outputs]),
+    )
+
+
+def _weighted_mean(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Mean of each metric over micro-batches, weighted by their token counts (uniform if all counts are 0)."""
+    if not weighted:
+        return {}
+    if sum(w for w, _ in weighted) <= 0:
+        weighted = [(1.0, metrics) for _, metrics in weighted]
+    totals: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for weight, metrics in weighted:
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + weight * float(value)
+            weights[name] = weights.get(name, 0.0) + weight
+    return {name: totals[name] / weights[name] if weights[name] > 0 else 0.0 for name in totals}
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def _atomic_directory(path: Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success it replaces ``path`` by rename, on error it is removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
