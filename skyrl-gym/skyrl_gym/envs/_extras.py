@@ -27,9 +27,12 @@ def ground_truth(extras: Mapping[str, Any] | None, field: str = "reward_spec") -
             ``"ground_truth is required in {field} field"`` when it has no ``ground_truth``.
     """
     extras = extras or {}
-    require(field in extras, f"{field} field is required")
+    # Messages are built only on failure: this runs once per episode, on the hot path of make().
+    if field not in extras:
+        raise AssertionError(f"{field} field is required")
     spec = extras[field]
-    require(isinstance(spec, Mapping) and "ground_truth" in spec, f"ground_truth is required in {field} field")
+    if not isinstance(spec, (dict, Mapping)) or "ground_truth" not in spec:
+        raise AssertionError(f"ground_truth is required in {field} field")
     return spec["ground_truth"]
 
 

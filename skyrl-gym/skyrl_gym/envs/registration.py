@@ -217,7 +217,8 @@ def make(id: str | EnvSpec, **kwargs: Any) -> Env[Any, Any]:
         skyrl_gym.error.InvalidEnvError: The entry point returned something that is not an :class:`Env`.
     """
     env_spec = id if isinstance(id, EnvSpec) else spec(id)
-    env_kwargs = copy.deepcopy(env_spec.kwargs)
+    # Most specs register no default kwargs; skipping the deep copy then keeps make() cheap.
+    env_kwargs = copy.deepcopy(env_spec.kwargs) if env_spec.kwargs else {}
     env_kwargs.update(kwargs)
     creator = _resolve_creator(env_spec)
     try:
@@ -239,8 +240,15 @@ def _resolve_creator(env_spec: EnvSpec) -> EnvCreator:
     if entry_point is None:
         raise error.InvalidEntryPointError(f"Env {env_spec.id!r} is registered without an entry point.")
     if isinstance(entry_point, str):
-        return load_env_creator(entry_point)
+        # Resolved once per entry point: importlib's lookups dominate the cost of make() otherwise.
+        creator = _CREATORS.get(entry_point)
+        if creator is None:
+            creator = _CREATORS[entry_point] = load_env_creator(entry_point)
+        return creator
     return entry_point
+
+
+_CREATORS: dict[str, EnvCreator] = {}
 
 
 def pprint_registry(
