@@ -1,5 +1,20 @@
 """Generators: prompts × environments × an inference engine → token-level trajectories."""
 
-from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutput, TrajectoryStopReason
+from skyrl_train.generators.base import (
+    FAILURE_STOP_REASONS,
+    Generator,
+    GeneratorInput,
+    GeneratorOutput,
+    TrajectoryStopReason,
+)
+from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig, SkyRLGymGenerator
 
-__all__ = ["Generator", "GeneratorInput", "GeneratorOutput", "TrajectoryStopReason"]
+__all__ = [
+    "FAILURE_STOP_REASONS",
+    "Generator",
+    "GeneratorConfig",
+    "GeneratorInput",
+    "GeneratorOutput",
+    "SkyRLGymGenerator",
+    "TrajectoryStopReason",
+]

@@ -27,6 +27,9 @@ TrajectoryStopReason = Literal[
     "timeout",  # the trajectory ran past its deadline
 ]
 
+FAILURE_STOP_REASONS: frozenset[TrajectoryStopReason] = frozenset({"env_error", "engine_error", "timeout"})
+"""Stop reasons of trajectories that failed; they are masked out of the loss and out of group statistics."""
+
 
 @dataclass
 class GeneratorInput:

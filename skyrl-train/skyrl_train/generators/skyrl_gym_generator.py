@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import skyrl_gym
 from skyrl_gym.async_env import EnvRunner, default_runner
 from skyrl_gym.core import Env
-from skyrl_train.generators.base import GeneratorInput, GeneratorOutput, TrajectoryStopReason
+from skyrl_train.generators.base import FAILURE_STOP_REASONS, GeneratorInput, GeneratorOutput, TrajectoryStopReason
 from skyrl_train.generators.chat import ChatEncoder
 from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
 
@@ -87,7 +87,6 @@ T = TypeVar("T")
 FailurePolicy = Literal["mask", "raise"]
 """``mask``: a failed trajectory is returned with loss mask and rewards all 0; ``raise``: ``generate`` raises."""
 
-FAILURE_STOP_REASONS: frozenset[TrajectoryStopReason] = frozenset({"env_error", "engine_error", "timeout"})
 """Stop reasons of failed trajectories (masked out of the loss under the ``mask`` policy)."""
 
 STOP_REASONS: tuple[TrajectoryStopReason, ...] = (

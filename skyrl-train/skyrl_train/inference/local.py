@@ -1,0 +1,480 @@
+"""A local inference engine on plain PyTorch + transformers: batched, KV-cached, token in and token out.
+
+For tests, CPU runs and small models where starting vLLM costs more than it saves. Contract and threading:
+
+- :meth:`LocalEngine.generate` may be awaited from many asyncio tasks at once. Each prompt becomes a request
+  on a queue; a background *batching loop* (an asyncio task on the caller's event loop) waits
+  ``batch_window_s`` after the first request arrives, takes up to ``max_batch_size`` requests and runs them as
+  one left-padded batch. Requests that arrive while a batch runs form the next one.
+- All model work (generation and weight loads) runs on one worker thread the engine owns, so the event loop
+  never blocks and weights never change in the middle of a batch.
+- Sampling follows vLLM: temperature, then min-p, top-k and top-p filtering, then a draw from the filtered
+  distribution. Reported log-probabilities are those of that distribution (vLLM's ``processed_logprobs``):
+  ``log_softmax(logits / temperature)`` when no filter is active. Greedy (``temperature == 0``) takes the
+  argmax and reports ``log_softmax(logits)``.
+- Seeds: prompt ``i`` of a call with ``seed=s`` draws from its own generator seeded with ``s + i``, so a seeded
+  call reproduces its output regardless of what else shares the batch (up to floating-point differences
+  between batch shapes). Unseeded prompts share a generator seeded once from ``LocalEngineConfig.seed``.
+- A sequence stops at the tokenizer's/model's EOS or a ``stop_token_ids`` token (kept in the output), at a
+  stop string (needs a tokenizer; the token that completes it is kept and ``text`` ends with the string), or
+  after ``max_tokens`` tokens or at the context limit (``"length"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from skyrl_train.inference.base import GenerationOutput, SamplingParams, StopReason
+from skyrl_train.inference.concurrency import PauseGate
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class LocalEngineConfig:
+    """Settings of :class:`LocalEngine`."""
+
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"; the engine moves the model there
+    dtype: str = "float32"  # torch dtype of weights and activations when loading from a path ("bfloat16", …)
+    max_batch_size: int = 64  # sequences per batch at most
+    batch_window_s: float = 0.002  # seconds the batching loop waits for more requests after the first one
+    max_model_len: int | None = None  # prompt + completion tokens at most; None: max_position_embeddings
+    seed: int = 0  # seeds the generator shared by requests without their own seed
+    return_text: bool = True  # decode each completion into GenerationOutput.text (needs a tokenizer)
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine started (written by the worker thread, read anywhere)."""
+
+    batches: int = 0  # batches run
+    forward_calls: int = 0  # model forward passes (one prefill plus one per decoding step, per batch)
+    sequences: int = 0  # completions produced
+    generated_tokens: int = 0  # tokens sampled
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    seed: int | None
+    future: asyncio.Future[GenerationOutput]
+
+
+@dataclass
+class _Row:
+    """Decoding state of one sequence of a batch."""
+
+    request: _Request
+    budget: int  # new tokens allowed
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: StopReason | None = None
+    stop_string: str | None = None
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed; create a new one."""
+
+
+class LocalEngine:
+    """An :class:`~skyrl_train.inference.base.InferenceEngine` running a transformers causal LM in-process.
+
+    The engine owns ``model`` from now on (it moves it to ``config.device`` and loads weights into it); pass a
+    tokenizer for stop strings and decoded text. Bound to the event loop it is first used from; after
+    ``asyncio.run`` ends, a later loop may use it again.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        config: LocalEngineConfig | None = None,
+    ) -> None:
+        self.config = config or LocalEngineConfig()
+        self.device = torch.device(self.config.device)
+        torch.nn.Module.to(model, self.device)  # in place; transformers' typed wrapper of `.to` confuses mypy
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_model_len = self.config.max_model_len or int(model.config.max_position_embeddings)
+        self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        self.pad_token_id = _pad_token_id(model, tokenizer)
+        self.stats = EngineStats()
+        self._rng = torch.Generator(device=self.device).manual_seed(self.config.seed)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
+        self._gate = PauseGate()
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._batcher: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | Path, **options: Any) -> LocalEngine:
+        """Load a Hugging Face model directory (and its tokenizer, when present); ``options`` set the config."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        config = LocalEngineConfig(**options)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, config.dtype))
+        tokenizer = None
+        if any((Path(model_path) / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+        return cls(model, tokenizer, config)
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """Sample one completion per prompt (token ids), in order; waits while the engine is paused."""
+        self._check_open()
+        self._validate(prompts, params)
+        async with self._gate.admit():
+            queue = self._bind_loop()
+            loop = asyncio.get_running_loop()
+            futures = []
+            for i, prompt in enumerate(prompts):
+                seed = None if params.seed is None else params.seed + i
+                future: asyncio.Future[GenerationOutput] = loop.create_future()
+                queue.put_nowait(_Request(list(prompt), params, seed, future))
+                futures.append(future)
+            return list(await asyncio.gather(*futures))
+
+    async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy ``(name, tensor)`` pairs (Hugging Face names, any device/dtype) into the model in place.
+
+        Waits for running ``generate`` calls to finish and holds new ones until the weights are loaded. Raises
+        ``KeyError`` for a name the model does not have and ``ValueError`` for a shape mismatch; pairs before
+        the bad one are already loaded then.
+        """
+        self._check_open()
+        async with self._gate.quiesced():
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._load_weights, weights)
+
+    async def pause(self) -> None:
+        """Hold new ``generate`` calls; return once running ones have finished."""
+        await self._gate.pause()
+
+    async def resume(self) -> None:
+        """Let held ``generate`` calls proceed."""
+        await self._gate.resume()
+
+    async def close(self) -> None:
+        """Stop the batching loop, fail queued and running requests, end the worker thread; idempotent.
+
+        The model's memory is freed with the engine object (``model`` stays readable for inspection).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        batcher = self._batcher
+        if batcher is not None and not batcher.done() and batcher.get_loop() is asyncio.get_running_loop():
+            batcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await batcher
+        while self._queue is not None and not self._queue.empty():
+            _fail([self._queue.get_nowait()], EngineClosedError("the engine was closed"))
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- batching loop (event-loop side) -------------------------------------------------------------------
+
+    def _bind_loop(self) -> asyncio.Queue[_Request]:
+        """The request queue of the running loop, starting the batching loop on first use in that loop."""
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._batcher is None or self._batcher.done() or self._batcher.get_loop() is not loop:
+            self._queue = asyncio.Queue()
+            self._batcher = loop.create_task(self._batch_loop(self._queue))
+        return self._queue
+
+    async def _batch_loop(self, queue: asyncio.Queue[_Request]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch(queue)
+            if not batch:
+                continue
+            try:
+                outputs = await loop.run_in_executor(self._executor, self._generate_batch, batch)
+            except asyncio.CancelledError:  # close(): nobody will deliver this batch's results any more
+                _fail(batch, EngineClosedError("the engine was closed during generation"))
+                raise
+            except Exception as exc:  # the whole batch failed: every caller gets the error
+                _fail(batch, exc)
+                continue
+            for request, output in zip(batch, outputs, strict=True):
+                if not request.future.done():  # the caller may have been cancelled meanwhile
+                    request.future.set_result(output)
+
+    async def _next_batch(self, queue: asyncio.Queue[_Request]) -> list[_Request]:
+        """The next batch: the first request, plus whatever else arrives within the window, up to the maximum."""
+        batch = [await queue.get()]
+        if queue.qsize() + 1 < self.config.max_batch_size:
+            await asyncio.sleep(self.config.batch_window_s)
+        while len(batch) < self.config.max_batch_size and not queue.empty():
+            batch.append(queue.get_nowait())
+        return [request for request in batch if not request.future.done()]
+
+    # -- model work (worker thread) ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _generate_batch(self, requests: list[_Request]) -> list[GenerationOutput]:
+        """Generate every request of a batch to completion; runs on the worker thread."""
+        rows = [_Row(r, min(r.params.max_tokens, self.max_model_len - len(r.prompt))) for r in requests]
+        live = [row for row in rows if row.budget > 0]
+        for row in rows:
+            if row.budget <= 0:
+                row.stop_reason = "length"
+        if live:
+            self._decode(live)
+        self.stats.batches += 1
+        self.stats.sequences += len(rows)
+        self.stats.generated_tokens += sum(len(row.tokens) for row in rows)
+        return [self._output(row) for row in rows]
+
+    def _decode(self, rows: list[_Row]) -> None:
+        """Prefill the left-padded prompts, then sample one token per live row per step until all stop."""
+        from transformers import DynamicCache
+
+        input_ids, attention_mask = self._left_pad([row.request.prompt for row in rows])
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, attention_mask, positions, cache)
+        next_positions = positions[:, -1] + 1
+        sampler = _Sampler([row.request for row in rows], self.device, self._rng)
+        stoppers = [_Stopper(row.request.params, self.eos_token_ids, self.tokenizer) for row in rows]
+        while True:
+            tokens, logprobs = sampler.sample(logits)
+            keep = []
+            # One device-to-host copy per step, not one per row (matters on CUDA).
+            step_tokens, step_logprobs = tokens.tolist(), logprobs.tolist()
+            for j, (row, stopper) in enumerate(zip(rows, stoppers, strict=True)):
+                row.tokens.append(step_tokens[j])
+                row.logprobs.append(step_logprobs[j])
+                row.stop_reason, row.stop_string = stopper.check(row.tokens, row.budget)
+                if row.stop_reason is None:
+                    keep.append(j)
+            if not keep:
+                return
+            if self._closed:  # close() already failed this batch's callers; stop spending compute on it
+                raise EngineClosedError("the engine was closed during generation")
+            if len(keep) < len(rows):  # drop finished rows so later steps compute only live ones
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                attention_mask, next_positions, tokens = attention_mask[index], next_positions[index], tokens[index]
+                sampler.select(index)
+                rows, stoppers = [rows[j] for j in keep], [stoppers[j] for j in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
+            logits = self._forward(tokens[:, None], attention_mask, next_positions[:, None], cache)
+            next_positions = next_positions + 1
+
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Logits ``[B, V]`` (float32) of the last position; the cache grows by ``input_ids.shape[1]``."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,  # the LM head only for the position we sample from
+        )
+        self.stats.forward_calls += 1
+        logits: torch.Tensor = out.logits[:, -1, :]
+        return logits.float()
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` and ``attention_mask``, both ``[B, L]`` int64, prompts aligned to the right edge."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[i, width - len(prompt) :] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+    def _output(self, row: _Row) -> GenerationOutput:
+        text = None
+        if self.config.return_text and self.tokenizer is not None:
+            text = _truncate_after(str(self.tokenizer.decode(row.tokens, skip_special_tokens=True)), row.stop_string)
+        metadata: dict[str, object] = {} if row.stop_string is None else {"stop_string": row.stop_string}
+        assert row.stop_reason is not None
+        return GenerationOutput(
+            token_ids=row.tokens,
+            logprobs=row.logprobs if row.request.params.logprobs else None,
+            stop_reason=row.stop_reason,
+            text=text,
+            metadata=metadata,
+        )
+
+    @torch.no_grad()
+    def _load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors into the model's parameters and buffers; runs on the worker thread."""
+        # keep_vars=True yields the live Parameters, under every name (tied weights appear under both names).
+        targets = self.model.state_dict(keep_vars=True)
+        for name, tensor in weights:
+            target = targets.get(name)
+            if target is None:
+                raise KeyError(f"the model has no parameter {name!r} (expected Hugging Face names)")
+            if target.shape != tensor.shape:
+                raise ValueError(f"{name}: the model has shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    # -- validation ---------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine was closed; create a new one")
+
+    def _validate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+        validate_sampling_params(params)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; construct the engine with one")
+        for prompt in prompts:
+            if not prompt:
+                raise ValueError("a prompt must have at least one token")
+            if len(prompt) >= self.max_model_len:
+                raise ValueError(f"a prompt of {len(prompt)} tokens leaves no room within {self.max_model_len}")
+
+
+def validate_sampling_params(params: SamplingParams) -> None:
+    """Raise ``ValueError`` naming the first out-of-range field of ``params``."""
+    checks = {
+        "max_tokens must be >= 0": params.max_tokens >= 0,
+        "temperature must be >= 0": params.temperature >= 0,
+        "top_p must be in (0, 1]": 0 < params.top_p <= 1,
+        "top_k must be -1 (off) or >= 0": params.top_k >= -1,
+        "min_p must be in [0, 1]": 0 <= params.min_p <= 1,
+    }
+    for message, ok in checks.items():
+        if not ok:
+            raise ValueError(f"invalid SamplingParams: {message}; got {params}")
+
+
+class _Sampler:
+    """Per-row sampling settings of a batch, kept aligned with its live rows."""
+
+    def __init__(self, requests: list[_Request], device: torch.device, shared: torch.Generator) -> None:
+        params = [r.params for r in requests]
+        self.greedy = torch.tensor([p.temperature == 0 for p in params], device=device)
+        self.temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+        # Greedy rows get no filters, so their reported log-probability is the plain log_softmax(logits).
+        self.top_k = torch.tensor([0 if p.temperature == 0 else max(p.top_k, 0) for p in params], device=device)
+        self.top_p = torch.tensor([1.0 if p.temperature == 0 else p.top_p for p in params], device=device)
+        self.min_p = torch.tensor([0.0 if p.temperature == 0 else p.min_p for p in params], device=device)
+        self.generators = [
+            None if r.seed is None else torch.Generator(device=device).manual_seed(r.seed) for r in requests
+        ]
+        self.shared = shared
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only the rows at ``index``."""
+        self.greedy, self.temperature = self.greedy[index], self.temperature[index]
+        self.top_k, self.top_p, self.min_p = self.top_k[index], self.top_p[index], self.min_p[index]
+        self.generators = [self.generators[i] for i in index.tolist()]
+
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled token ids ``[B]`` (int64) and their log-probabilities ``[B]`` (float32) from logits ``[B, V]``."""
+        logprobs = torch.log_softmax(self._filter(logits / self.temperature[:, None]), dim=-1)
+        tokens = logits.argmax(dim=-1)
+        if not bool(self.greedy.all()):
+            # Gumbel-max: argmax(log p + Gumbel noise) is a draw from p; -log(Exp(1)) is Gumbel(0, 1).
+            drawn = (logprobs - self._exponential_noise(logprobs).log()).argmax(dim=-1)
+            tokens = torch.where(self.greedy, tokens, drawn)
+        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
+
+    def _exponential_noise(self, like: torch.Tensor) -> torch.Tensor:
+        noise = torch.empty_like(like)
+        shared_rows = [i for i, g in enumerate(self.generators) if g is None]
+        if shared_rows:
+            rows = torch.tensor(shared_rows, device=like.device)
+            noise[rows] = torch.empty_like(like[rows]).exponential_(generator=self.shared)
+        for i, generator in enumerate(self.generators):
+            if generator is not None:
+                noise[i].exponential_(generator=generator)
+        return noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # log(0) would pick a token with p = 0
+
+    def _filter(self, scaled: torch.Tensor) -> torch.Tensor:
+        """Mask (to -inf) tokens removed by min-p, top-k and top-p, in vLLM's order."""
+        if bool((self.min_p > 0).any()):
+            probs = torch.softmax(scaled, dim=-1)
+            threshold = probs.amax(dim=-1, keepdim=True) * self.min_p[:, None]
+            scaled = scaled.masked_fill(probs < threshold, float("-inf"))
+        if bool((self.top_k > 0).any()):
+            vocab = scaled.shape[-1]
+            k = torch.where(self.top_k > 0, self.top_k, vocab).clamp(max=vocab)
+            kth = scaled.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if bool((self.top_p < 1).any()):
+            ordered, order = scaled.sort(dim=-1, descending=True)
+            probs = torch.softmax(ordered, dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does.
+            drop = (probs.cumsum(dim=-1) - probs >= self.top_p[:, None]) & (self.top_p < 1)[:, None]
+            scaled = scaled.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
+        return scaled
+
+
+class _Stopper:
+    """Decides when one sequence stops."""
+
+    def __init__(
+        self, params: SamplingParams, eos_token_ids: frozenset[int], tokenizer: PreTrainedTokenizerBase | None
+    ) -> None:
+        self.stop_ids = eos_token_ids | frozenset(params.stop_token_ids)
+        self.stop_strings = params.stop
+        self.tokenizer = tokenizer
+        # A stop string of n characters spans at most 4n byte-level tokens (UTF-8), plus a boundary token.
+        self.window = 4 * max((len(s) for s in params.stop), default=0) + 2
+
+    def check(self, tokens: list[int], budget: int) -> tuple[StopReason | None, str | None]:
+        """``(reason, stop string)`` after the newest token of ``tokens``; ``(None, None)`` to continue."""
+        if tokens[-1] in self.stop_ids:
+            return "stop", None
+        if self.stop_strings and self.tokenizer is not None:
+            # Only the tail can hold a new match: earlier matches would have stopped the sequence already.
+            tail = str(self.tokenizer.decode(tokens[-self.window :], skip_special_tokens=True))
+            for stop in self.stop_strings:
+                if stop in tail:
+                    return "stop", stop
+        if len(tokens) >= budget:
+            return "length", None
+        return None, None
+
+
+def _fail(requests: Iterable[_Request], exc: BaseException) -> None:
+    for request in requests:
+        if not request.future.done():
+            request.future.set_exception(exc)
+
+
+def _truncate_after(text: str, stop: str | None) -> str:
+    """``text`` up to and including the first occurrence of ``stop`` (all of it when absent)."""
+    if stop is None or (at := text.find(stop)) < 0:
+        return text
+    return text[: at + len(stop)]
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> frozenset[int]:
+    """EOS ids from the generation config, the model config and the tokenizer, together."""
+    found: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for source in (getattr(generation_config, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
+        if isinstance(source, int):
+            found.add(source)
+        elif isinstance(source, list | tuple):
+            found.update(int(t) for t in source)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        found.add(int(tokenizer.eos_token_id))
+    return frozenset(found)
+
+
+def _pad_token_id(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> int:
+    """Any valid id works as padding (it is masked out); prefer the declared pad token."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(model.config, "pad_token_id", None)):
+        if isinstance(candidate, int):
+            return candidate
+    return 0

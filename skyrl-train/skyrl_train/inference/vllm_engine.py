@@ -1,0 +1,445 @@
+"""The vLLM engine: vLLM's ``LLM`` driven by one engine thread, token in and token out.
+
+Threads and processes. The engine owns one thread (``vllm-engine``) that builds the ``vllm.LLM`` and then runs
+a loop: take commands (new requests, aborts, calls such as weight loads) from a thread-safe queue, and while
+requests are unfinished call ``llm.llm_engine.step()``, resolving each request's future when it finishes. So
+requests from many asyncio tasks are batched continuously by vLLM's scheduler, the event loop never blocks, and
+weight loads run between two engine steps. Where the engine core and its worker run depends on the mode:
+
+- **In-process (default on CPU)**: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the engine core and the single worker
+  live in this process (on the engine thread); start-up takes seconds instead of ~20-40 s on CPU. Weights go to
+  the worker as the tensors themselves (transport ``direct``, no copy besides the load itself). Side effect:
+  vLLM's CPU worker binds this process's threads and pins torch's intra-op thread count (it turns
+  ``torch.set_num_threads`` into a no-op), so a trainer sharing the process computes with vLLM's setting; use
+  the multiprocess mode when that matters.
+- **Multiprocess (default on GPU)**: vLLM's normal engine, the engine core and workers in child processes
+  (spawned: create the engine under ``if __name__ == "__main__":`` in scripts). Set
+  ``VLLMEngineConfig(multiprocessing=True)`` to use it on CPU as well. Tensors do not survive the RPC, so
+  weights go through a safetensors file under ``/dev/shm`` (transport ``file``), or as bytes (``bytes``), or,
+  when the trainer's tensors sit on the same GPU, as CUDA IPC handles (``cuda_ipc``; needs CUDA, so it is not
+  exercised by the CPU test suite).
+
+Every transport ends in :class:`~skyrl_train.inference.vllm_worker_ext.WeightUpdateExtension`, installed as
+vLLM's ``worker_extension_cls`` and reached through ``llm.collective_rpc``: it calls the worker's
+``reload_weights`` and refreshes a tied ``lm_head`` (the CPU backend otherwise keeps a stale copy).
+
+Log-probabilities: the engine is created with ``logprobs_mode="processed_logprobs"``, so they are
+``log_softmax(logits / temperature)`` (after top-k/top-p/min-p filtering when those are set), as the trainer
+recomputes them. On GPU, ``gpu_memory_utilization`` is the fraction of device memory vLLM may take for weights
+plus KV cache; on CPU it is a fraction of RAM (≈0.3 here), or set ``kv_cache_memory_bytes`` instead. Sleep
+mode is not available on the CPU backend, so this engine never uses it.
+
+vLLM is imported only inside this module's functions: importing ``skyrl_train`` never imports vLLM.
+
+Usage::
+
+    engine = VLLMEngine("path/to/hf-model", VLLMEngineConfig(gpu_memory_utilization=0.5))  # GPU: multiprocess
+    outputs = await engine.generate([[1, 2, 3]], SamplingParams(max_tokens=64, seed=0))
+    await sync_weights(backend, engine)  # pause, update_weights, resume (skyrl_train.inference.weight_sync)
+    await engine.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import gc
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from skyrl_train.inference.base import GenerationOutput, SamplingParams, StopReason
+from skyrl_train.inference.concurrency import PauseGate
+from skyrl_train.inference.vllm_worker_ext import EXTENSION_CLASS, pack_cuda_ipc
+from skyrl_train.inference.weight_sync import save_weights, serialize_weights, transfer_path
+
+if TYPE_CHECKING:
+    import torch
+
+WeightTransport = Literal["auto", "direct", "file", "bytes", "cuda_ipc"]
+
+
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    """Settings of :class:`VLLMEngine`; ``None`` means "pick for the platform" (CPU or GPU)."""
+
+    dtype: str = "auto"  # weights/activations dtype; "auto" keeps the checkpoint's
+    max_model_len: int | None = None  # prompt + completion tokens at most; None: the model's limit
+    gpu_memory_utilization: float | None = None  # share of device memory (RAM on CPU); None: 0.9 GPU, 0.3 CPU
+    kv_cache_memory_bytes: int | None = None  # explicit KV-cache size in bytes; overrides the share above
+    tensor_parallel_size: int = 1
+    enforce_eager: bool | None = None  # no CUDA graphs; None: True on CPU, False on GPU
+    multiprocessing: bool | None = None  # engine core in child processes; None: False on CPU, True on GPU
+    weight_transport: WeightTransport = "auto"  # "auto": "direct" in-process, else "file"
+    transfer_dir: str | None = None  # where "file" transport writes; None: /dev/shm (or the temp dir)
+    seed: int = 0  # engine seed; unseeded requests draw from it
+    return_text: bool = True  # detokenize completions into GenerationOutput.text
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as they are
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    params: Any  # vllm.SamplingParams
+    future: concurrent.futures.Future[GenerationOutput]
+
+
+@dataclass
+class _Submit:
+    requests: list[_Request]
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+@dataclass
+class _Call:
+    fn: Callable[[Any], Any]  # called with the vllm.LLM on the engine thread
+    future: concurrent.futures.Future[Any]
+
+
+@dataclass
+class _Stop:
+    pass
+
+
+_Command = _Submit | _Abort | _Call | _Stop
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed (or its thread ended); create a new one."""
+
+
+class VLLMEngine:
+    """An :class:`~skyrl_train.inference.base.InferenceEngine` backed by ``vllm.LLM``.
+
+    Construction returns at once; the engine thread builds the ``LLM`` in the background. ``await
+    wait_ready()`` (or the first ``generate``) waits for it and raises what start-up raised. Prompt ``i`` of a
+    call with ``seed=s`` is sampled with seed ``s + i``, as in the local engine.
+    """
+
+    def __init__(self, model_path: str | Path, config: VLLMEngineConfig | None = None) -> None:
+        self.model_path = str(model_path)
+        self.config = config or VLLMEngineConfig()
+        self.weight_transport: WeightTransport = self.config.weight_transport
+        self.last_update_seconds: float | None = None  # worker-side load time of the latest update
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._ids = itertools.count()
+        self._gate = PauseGate()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="vllm-engine", daemon=True)
+        self._thread.start()
+
+    async def wait_ready(self) -> None:
+        """Wait until the ``LLM`` is built; re-raises a start-up failure."""
+        await asyncio.wrap_future(self._ready)
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """Sample one completion per prompt (token ids), in order; waits while paused or starting."""
+        self._check_open()
+        await self.wait_ready()
+        if params.max_tokens == 0:  # vLLM requires at least one token; nothing to ask it
+            empty: list[float] | None = [] if params.logprobs else None
+            return [GenerationOutput([], empty, "length", "" if self._text else None) for _ in prompts]
+        async with self._gate.admit():
+            requests = [self._request(prompt, params, i) for i, prompt in enumerate(prompts)]
+            self._commands.put(_Submit(requests))
+            return list(await asyncio.gather(*(asyncio.wrap_future(r.future) for r in requests)))
+
+    async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(name, tensor)`` pairs in Hugging Face naming into the running engine.
+
+        Running ``generate`` calls finish on the old weights first; calls made meanwhile wait. For the ``file``
+        and ``bytes`` transports the weights are serialised before generation is held.
+        """
+        self._check_open()
+        await self.wait_ready()
+        transport = self.weight_transport
+        if transport == "direct":
+            await self._load(lambda llm: llm.collective_rpc("skyrl_load_weights", args=(weights,)))
+        elif transport == "file":
+            path = await asyncio.to_thread(save_weights, weights, transfer_path(self.config.transfer_dir))
+            try:
+                await self._load(lambda llm: llm.collective_rpc("skyrl_load_weights_from_file", args=(str(path),)))
+            finally:
+                path.unlink(missing_ok=True)
+        elif transport == "bytes":
+            data = await asyncio.to_thread(serialize_weights, weights)
+            await self._load(lambda llm: llm.collective_rpc("skyrl_load_weights_from_bytes", args=(data,)))
+        else:
+            # The worker maps these tensors' memory: keep them referenced until the call has returned.
+            shared = [(name, tensor.detach().contiguous()) for name, tensor in weights]
+            payload = pack_cuda_ipc(shared)
+            await self._load(lambda llm: llm.collective_rpc("skyrl_load_weights_from_cuda_ipc", args=(payload,)))
+            del shared
+
+    async def pause(self) -> None:
+        """Hold new ``generate`` calls; return once running ones have finished."""
+        await self._gate.pause()
+
+    async def resume(self) -> None:
+        """Let held ``generate`` calls proceed."""
+        await self._gate.resume()
+
+    async def close(self) -> None:
+        """Fail unfinished requests, shut the ``LLM`` down and join the engine thread; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._commands.put(_Stop())
+        await asyncio.to_thread(self._thread.join)
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(llm)`` on the engine thread between two engine steps; for what the protocol does not cover."""
+        self._check_open()
+        await self.wait_ready()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(_Call(fn, future))
+        return await asyncio.wrap_future(future)
+
+    # -- event-loop side helpers ---------------------------------------------------------------------------
+
+    @property
+    def _text(self) -> bool:
+        return self.config.return_text
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine was closed; create a new one")
+        if self._ready.done() and self._ready.exception() is None and not self._thread.is_alive():
+            raise EngineClosedError("the engine thread has stopped (see the log for its error); create a new engine")
+
+    def _request(self, prompt: Sequence[int], params: SamplingParams, index: int) -> _Request:
+        seed = None if params.seed is None else params.seed + index
+        future: concurrent.futures.Future[GenerationOutput] = concurrent.futures.Future()
+        request = _Request(f"skyrl-{next(self._ids)}", list(prompt), to_vllm_params(params, seed, self._text), future)
+        future.add_done_callback(lambda f: self._abort_if_cancelled(f, request.request_id))
+        return request
+
+    def _abort_if_cancelled(self, future: concurrent.futures.Future[GenerationOutput], request_id: str) -> None:
+        # A cancelled caller no longer wants the sequence: free its slot in the batch.
+        if future.cancelled() and not self._closed:
+            self._commands.put(_Abort([request_id]))
+
+    async def _load(self, rpc: Callable[[Any], list[float]]) -> None:
+        async with self._gate.quiesced():
+            seconds = await self.call(rpc)
+        self.last_update_seconds = max(seconds) if seconds else None
+
+    # -- engine thread -------------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """The engine thread: build the LLM, then step it and serve commands until stopped."""
+        try:
+            llm = self._build()
+        except BaseException as exc:  # surfaced to every caller through wait_ready()
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        pending: dict[str, _Request] = {}
+        try:
+            while self._serve_commands(llm, pending, block=not pending):
+                if pending:
+                    self._step(llm, pending)
+        finally:
+            _fail(pending.values(), EngineClosedError("the engine was closed"))
+            self._fail_queued()
+            _shutdown(llm)
+
+    def _build(self) -> Any:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        on_cpu = bool(current_platform.is_cpu())
+        multiprocessing = self.config.multiprocessing
+        if multiprocessing is None:
+            multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if on_cpu else "1") == "1"
+        kwargs: dict[str, Any] = {
+            "model": self.model_path,
+            "dtype": self.config.dtype,
+            "max_model_len": self.config.max_model_len,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            "enforce_eager": on_cpu if self.config.enforce_eager is None else self.config.enforce_eager,
+            "seed": self.config.seed,
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": EXTENSION_CLASS,
+        }
+        if self.config.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = self.config.kv_cache_memory_bytes
+        else:
+            default_share = 0.3 if on_cpu else 0.9
+            kwargs["gpu_memory_utilization"] = self.config.gpu_memory_utilization or default_share
+        kwargs.update(self.config.engine_kwargs)
+        with _environment("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0"):
+            llm = LLM(**kwargs)
+        if self.weight_transport == "auto":
+            self.weight_transport = "direct" if _in_process_worker(llm) else "file"
+        return llm
+
+    def _serve_commands(self, llm: Any, pending: dict[str, _Request], *, block: bool) -> bool:
+        """Apply queued commands (waiting for one when ``block``); False once told to stop."""
+        for command in _drain(self._commands, block):
+            if isinstance(command, _Stop):
+                return False
+            if isinstance(command, _Submit):
+                for request in command.requests:
+                    self._add(llm, request, pending)
+            elif isinstance(command, _Abort):
+                live = [rid for rid in command.request_ids if pending.pop(rid, None) is not None]
+                if live:
+                    llm.llm_engine.abort_request(live)
+            else:
+                _run_call(command, llm)
+        return True
+
+    def _add(self, llm: Any, request: _Request, pending: dict[str, _Request]) -> None:
+        from vllm.inputs import TokensPrompt
+
+        if request.future.done():  # cancelled before it reached the engine
+            return
+        try:
+            # LLMEngine.add_request keeps our request id on the outputs, so they map back to their futures.
+            prompt = TokensPrompt(prompt_token_ids=request.prompt)
+            llm.llm_engine.add_request(request.request_id, prompt, request.params)
+        except Exception as exc:  # e.g. a prompt longer than max_model_len: only this request fails
+            _set(request.future, exc)
+            return
+        pending[request.request_id] = request
+
+    def _step(self, llm: Any, pending: dict[str, _Request]) -> None:
+        engine = llm.llm_engine
+        if not engine.has_unfinished_requests():  # should not happen; never spin on requests vLLM lost
+            _fail(pending.values(), RuntimeError("vLLM dropped requests without finishing them"))
+            pending.clear()
+            return
+        try:
+            outputs = engine.step()
+        except Exception as exc:  # the engine failed mid-step: everything in flight failed with it
+            _fail(pending.values(), exc)
+            engine.abort_request(list(pending))
+            pending.clear()
+            return
+        for output in outputs:
+            request = pending.pop(output.request_id, None) if output.finished else None
+            if request is not None:
+                _set(request.future, to_generation_output(output, request.params))
+
+    def _fail_queued(self) -> None:
+        closed = EngineClosedError("the engine was closed")
+        for command in _drain(self._commands, block=False):
+            if isinstance(command, _Submit):
+                _fail(command.requests, closed)
+            elif isinstance(command, _Call):
+                _set(command.future, closed)
+
+
+def to_vllm_params(params: SamplingParams, seed: int | None, detokenize: bool) -> Any:
+    """The ``vllm.SamplingParams`` for one prompt: final output only, sampled-token logprobs when asked."""
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VLLMSamplingParams(
+        n=1,
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else -1,
+        min_p=params.min_p,
+        seed=seed,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        include_stop_str_in_output=True,  # the protocol keeps the stop string in the output
+        logprobs=0 if params.logprobs else None,  # 0: only the sampled token's
+        detokenize=detokenize or bool(params.stop),  # stop strings are matched on text
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def to_generation_output(output: Any, params: Any) -> GenerationOutput:
+    """Convert a finished ``vllm.RequestOutput`` (one completion, sampled with ``vllm.SamplingParams`` ``params``)."""
+    completion = output.outputs[0]
+    token_ids = [int(t) for t in completion.token_ids]
+    logprobs = None
+    if params.logprobs is not None and completion.logprobs is not None:
+        logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids, strict=True)]
+    reason: StopReason = "length" if completion.finish_reason == "length" else "stop"
+    if completion.finish_reason not in ("stop", "length"):
+        reason = "abort"
+    metadata: dict[str, object] = {}
+    if isinstance(completion.stop_reason, str):
+        metadata["stop_string"] = completion.stop_reason
+    return GenerationOutput(token_ids, logprobs, reason, completion.text if params.detokenize else None, metadata)
+
+
+def _drain(commands: queue.Queue[_Command], block: bool) -> Iterator[_Command]:
+    """Queued commands in order; with ``block``, wait for the first one."""
+    try:
+        yield commands.get(block=block)
+        while True:
+            yield commands.get_nowait()
+    except queue.Empty:
+        return
+
+
+def _run_call(command: _Call, llm: Any) -> None:
+    try:
+        result = command.fn(llm)
+    except BaseException as exc:  # delivered to the awaiting caller, not raised on the engine thread
+        _set(command.future, exc)
+    else:
+        _set(command.future, result)
+
+
+def _set(future: concurrent.futures.Future[Any], value: Any) -> None:
+    """Resolve ``future`` with a result or exception unless its caller already gave up on it."""
+    try:
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+    except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+        pass
+
+
+def _fail(requests: Iterable[_Request], exc: BaseException) -> None:
+    for request in requests:
+        _set(request.future, exc)
+
+
+def _in_process_worker(llm: Any) -> bool:
+    """Whether the model worker runs in this process (so tensors can be handed over as they are)."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)  # set only by vLLM's in-process client
+    executor = getattr(core, "model_executor", None)
+    return executor is not None and hasattr(executor, "driver_worker")
+
+
+def _shutdown(llm: Any) -> None:
+    """Stop the engine core (and its processes, if any) and drop the LLM's memory."""
+    core = llm.llm_engine.engine_core
+    core.shutdown()
+    del llm
+    gc.collect()
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """Set an environment variable for a block (vLLM reads this one while building), then restore it."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous

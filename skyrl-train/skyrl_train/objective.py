@@ -1,0 +1,87 @@
+"""The per-micro-batch RL objective handed to ``TrainingBackend.forward_backward``.
+
+``loss = policy_loss + kl_loss_coef · KL(π‖π_ref) − entropy_coef · H``, every term reduced with the same
+``token_weights`` (computed once per mini-batch by :func:`add_token_weights`), so the micro-batch losses add up
+to the mini-batch loss whatever the micro-batch size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from skyrl_train.algorithms import entropy_bonus, get_policy_loss, kl_loss, loss_weights
+from skyrl_train.algorithms.kl import KLEstimatorName
+from skyrl_train.algorithms.policy_losses import PolicyLossConfig
+from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Which terms the loss has and their weights."""
+
+    policy_loss_type: str  # name in the policy-loss registry
+    policy_loss: PolicyLossConfig
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_estimator_type: KLEstimatorName = "k3"
+    entropy_coef: float = 0.0
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the backend must compute per-token entropy."""
+        return self.entropy_coef != 0.0
+
+
+def add_token_weights(batch: TrainingBatch, group_index: torch.Tensor, config: PolicyLossConfig) -> None:
+    """Store ``tensors["token_weights"]`` for ``config.loss_reduction`` over this whole (mini-)batch."""
+    batch.tensors["token_weights"] = loss_weights(
+        batch.response_mask,
+        config.loss_reduction,
+        group_index=group_index,
+        max_seq_len=config.max_seq_len,
+    )
+
+
+def make_loss_fn(objective: Objective) -> LossFn:
+    """The closure ``(model_output, micro_batch) -> (loss, metrics)`` for ``objective``.
+
+    The micro-batch must carry ``old_log_probs``, ``advantages`` and ``token_weights`` (and ``ref_log_probs``
+    with a KL loss; ``rollout_log_probs`` is used for off-policy correction when present).
+    """
+    policy_loss = get_policy_loss(objective.policy_loss_type)
+
+    def loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        t = batch.tensors
+        weights = t["token_weights"]
+        loss, metrics = policy_loss(
+            output.log_probs,
+            t["old_log_probs"],
+            t["advantages"],
+            batch.response_mask,
+            objective.policy_loss,
+            t.get("rollout_log_probs"),
+            token_weights=weights,
+        )
+        metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        metrics["policy/pg_loss"] = loss.item()
+        if objective.use_kl_loss:
+            kl, kl_metrics = kl_loss(
+                output.log_probs,
+                t["ref_log_probs"],
+                batch.response_mask,
+                objective.kl_estimator_type,
+                token_weights=weights,
+            )
+            loss = loss + objective.kl_loss_coef * kl
+            metrics["policy/kl"] = kl_metrics["kl"]
+        if objective.needs_entropy:
+            if output.entropy is None:
+                raise ValueError("entropy_coef is set but the backend returned no entropy (with_entropy=True)")
+            loss = loss + entropy_bonus(
+                output.entropy, batch.response_mask, objective.entropy_coef, token_weights=weights
+            )
+        return loss, metrics
+
+    return loss_fn
