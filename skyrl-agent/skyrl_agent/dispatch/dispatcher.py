@@ -1,0 +1,415 @@
+"""The dispatcher: runs episodes through acquire sandbox → run agent → grade, with limits, deadlines and retries.
+
+Each stage has its own concurrency limit (a semaphore) so sandbox start-up and grading overlap with generation
+for other episodes; sandbox creations can also be rate-limited (asyncio-throttle). Episodes wait in a bounded
+input queue, and at most ``prefetch`` started sandboxes wait for a free agent slot.
+
+Ownership: the dispatcher owns every sandbox that ``acquire`` returns until it hands it to ``release``, which
+it does exactly once per sandbox on every exit path (success, error, timeout, cancellation). ``run_agent`` and
+``grade`` borrow the sandbox and must not close it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asyncio_throttle.throttler import Throttler
+
+from skyrl_agent.dispatch.clock import Deadline, PausableClock, within
+from skyrl_agent.dispatch.context import GuardedLLM, RunContext, Timeouts
+from skyrl_agent.dispatch.outcomes import (
+    DEFAULT_POLICY,
+    FailurePolicy,
+    Outcome,
+    Treatment,
+    classify_error,
+    outcome_metrics,
+)
+from skyrl_agent.dispatch.retry import Backoff, CircuitBreaker, CircuitOpenError, retry_infra
+from skyrl_agent.dispatch.trace import Trace
+from skyrl_agent.llm.base import LLMClient
+from skyrl_agent.sandbox.base import Sandbox, SandboxStartError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DispatchResult",
+    "Dispatcher",
+    "DispatcherConfig",
+    "Episode",
+    "EpisodeResult",
+    "GradeResult",
+    "StageLimits",
+    "TrajectoryLike",
+]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode to run. ``data`` is the task row (prompt, metadata such as a gold patch, ...)."""
+
+    id: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    group_id: str | None = None  # episodes sampled from the same prompt (a GRPO group)
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """What the grader decided: ``reward`` and whether the task counts as resolved."""
+
+    reward: float
+    resolved: bool
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class TrajectoryLike(Protocol):
+    """What the dispatcher reads from a trajectory: whether the agent ran out of turns or context."""
+
+    @property
+    def finish_reason(self) -> str:
+        """Why the agent stopped."""
+        ...
+
+    @property
+    def truncated(self) -> bool:
+        """True when the agent stopped for lack of turns or context, without submitting."""
+        ...
+
+
+AcquireFn = Callable[[Episode], Awaitable[Sandbox]]
+ReleaseFn = Callable[[Sandbox], Awaitable[None]]
+RunAgentFn = Callable[[Episode, Sandbox, LLMClient, RunContext], Awaitable[TrajectoryLike]]
+GradeFn = Callable[[Episode, Sandbox, TrajectoryLike], Awaitable[GradeResult | float]]
+LLMFactory = Callable[[Episode], LLMClient]
+
+
+@dataclass(frozen=True)
+class StageLimits:
+    """Concurrency of each stage, and the sizes of the queues between them."""
+
+    acquire: int = 8  # sandbox starts at once
+    run: int = 32  # agent runs at once
+    grade: int = 8  # gradings at once
+    prefetch: int = 4  # started sandboxes that may wait for a free agent slot
+    queue_size: int = 64  # episodes waiting in the input queue
+    acquire_rate_per_s: int | None = None  # sandbox starts per second at most (None: unlimited)
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    """Limits, deadlines, retry behaviour and the failure policy."""
+
+    limits: StageLimits = field(default_factory=StageLimits)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    backoff: Backoff = field(default_factory=Backoff)
+    breaker_threshold: int = 10  # consecutive infrastructure failures that stop retries
+    breaker_cooldown_s: float = 30.0
+    policy: FailurePolicy = DEFAULT_POLICY
+    seed: int = 0  # for retry jitter
+
+
+@dataclass
+class EpisodeResult:
+    """How one episode ended. ``trace`` covers every attempt."""
+
+    episode: Episode
+    outcome: Outcome
+    reward: float = 0.0
+    trajectory: TrajectoryLike | None = None
+    grade: GradeResult | None = None
+    error: str | None = None
+    attempts: int = 1
+    trace: Trace | None = None
+    treatment: Treatment = Treatment.TRAIN
+    exception: BaseException | None = field(default=None, repr=False)  # what ended a failed attempt
+
+
+@dataclass
+class DispatchResult:
+    """All results, in input order, and their metrics."""
+
+    results: list[EpisodeResult]
+    metrics: dict[str, float]
+
+
+class _Gauge:
+    """Current and peak count of work in a stage."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.peak = 0
+
+    @asynccontextmanager
+    async def hold(self, sem: asyncio.Semaphore) -> Any:
+        async with sem:
+            self.current += 1
+            self.peak = max(self.peak, self.current)
+            try:
+                yield
+            finally:
+                self.current -= 1
+
+
+class _StageFailed(Exception):
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"{stage}: {type(error).__name__}: {error}")
+        self.stage = stage
+        self.error = error
+
+
+class Dispatcher:
+    """Runs episodes through the three stages. One dispatcher may serve many :meth:`run` calls, one at a time.
+
+    Args:
+        acquire: Starts (or takes from a pool) the episode's sandbox; may raise ``SandboxError``.
+        run_agent: Runs the agent in the sandbox under the given context's deadlines; returns its trajectory.
+        grade: Grades the trajectory (the sandbox is still held); raise :class:`GradingError` when undecided.
+        release: Stops or returns a sandbox; called exactly once per acquired sandbox.
+        llm: One client for all episodes, or a function of the episode (e.g. the oracle policy).
+        config: Limits, deadlines, retries and the failure policy.
+    """
+
+    def __init__(
+        self,
+        acquire: AcquireFn,
+        run_agent: RunAgentFn,
+        grade: GradeFn,
+        release: ReleaseFn,
+        llm: LLMClient | LLMFactory,
+        config: DispatcherConfig | None = None,
+        *,
+        clock: PausableClock | None = None,
+    ) -> None:
+        self._acquire_fn, self._run_fn, self._grade_fn, self._release_fn = acquire, run_agent, grade, release
+        self._llm = llm
+        self.config = config or DispatcherConfig()
+        self.clock = clock or PausableClock()
+        cfg = self.config
+        self.breaker = CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s)
+        self._rng = random.Random(cfg.seed)
+        self.gauges = {name: _Gauge() for name in ("acquire", "run", "grade", "held")}
+        self.release_errors = 0
+        self._stopping = False
+        self._inflight: set[asyncio.Task[EpisodeResult]] = set()
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    # -- control -------------------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop the episode clock and hold new LLM calls (e.g. during a weight sync); idempotent."""
+        self.clock.pause()
+
+    def resume(self) -> None:
+        """Restart the clock and release held LLM calls; idempotent."""
+        self.clock.resume()
+
+    def stop(self) -> None:
+        """End the current :meth:`run` early: running episodes and those not started end as ``cancelled``."""
+        self._stopping = True
+        for task in self._inflight:
+            task.cancel()
+
+    # -- running -------------------------------------------------------------------------------------------
+
+    async def run(self, episodes: Iterable[Episode]) -> DispatchResult:
+        """Run every episode; return exactly one result per episode, in input order.
+
+        Cancelling this call cancels running episodes, releases their sandboxes, and re-raises.
+        """
+        self._stopping = False
+        limits = self.config.limits
+        sems = {
+            "acquire": asyncio.Semaphore(limits.acquire),
+            "run": asyncio.Semaphore(limits.run),
+            "grade": asyncio.Semaphore(limits.grade),
+            "held": asyncio.Semaphore(limits.run + limits.prefetch),
+        }
+        throttler = Throttler(int(limits.acquire_rate_per_s)) if limits.acquire_rate_per_s else None
+        queue: asyncio.Queue[tuple[int, Episode, float] | None] = asyncio.Queue(maxsize=limits.queue_size)
+        results: dict[int, EpisodeResult] = {}
+        n_workers = limits.acquire + limits.run + limits.grade + limits.prefetch
+
+        async def produce() -> int:
+            n = 0
+            for n, episode in enumerate(episodes, start=1):
+                await queue.put((n - 1, episode, time.monotonic()))
+            for _ in range(n_workers):
+                await queue.put(None)
+            return n
+
+        async def work() -> None:
+            while (item := await queue.get()) is not None:
+                index, episode, enqueued = item
+                results[index] = await self._supervise(episode, enqueued, sems, throttler)
+
+        producer = asyncio.create_task(produce())
+        workers = [asyncio.create_task(work()) for _ in range(n_workers)]
+        try:
+            n = await producer
+            await asyncio.gather(*workers)
+        finally:
+            for task in [producer, *workers]:
+                task.cancel()
+            await asyncio.gather(producer, *workers, return_exceptions=True)
+            if self._releasing:
+                await asyncio.gather(*self._releasing, return_exceptions=True)
+        ordered = [results[i] for i in range(n)]
+        self._apply_policy(ordered)
+        return DispatchResult(ordered, self._metrics(ordered))
+
+    async def _supervise(
+        self, episode: Episode, enqueued: float, sems: dict[str, asyncio.Semaphore], throttler: Throttler | None
+    ) -> EpisodeResult:
+        trace = Trace(episode.id)
+        trace.add("queue_wait", -(time.monotonic() - enqueued), 0.0)
+        if self._stopping:
+            return EpisodeResult(episode, Outcome.CANCELLED, error="stopped before start", trace=trace, attempts=0)
+        task = asyncio.create_task(self._run_episode(episode, trace, sems, throttler))
+        self._inflight.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the whole run is being cancelled
+            return EpisodeResult(episode, Outcome.CANCELLED, error="stopped while running", trace=trace)
+        finally:
+            self._inflight.discard(task)
+
+    async def _run_episode(
+        self, episode: Episode, trace: Trace, sems: dict[str, asyncio.Semaphore], throttler: Throttler | None
+    ) -> EpisodeResult:
+        attempt = 1
+        while True:
+            result = await self._attempt(episode, trace, attempt, sems, throttler)
+            retry = self.config.policy.should_retry(result.outcome, attempt)
+            if not retry or isinstance(result.exception, CircuitOpenError) or self.breaker.is_open:
+                return result
+            with trace.span("retry_wait", attempt=attempt):
+                await asyncio.sleep(self.config.backoff.delay_s(attempt, self._rng))
+            attempt += 1
+
+    async def _attempt(
+        self,
+        episode: Episode,
+        trace: Trace,
+        attempt: int,
+        sems: dict[str, asyncio.Semaphore],
+        throttler: Throttler | None,
+    ) -> EpisodeResult:
+        timeouts = self.config.timeouts
+        ctx = RunContext(clock=self.clock, timeouts=timeouts, trace=trace)
+        sandbox: Sandbox | None = None
+        stage = "acquire"
+        try:
+            async with self.gauges["held"].hold(sems["held"]):
+                sandbox = await self._acquire(episode, ctx, sems["acquire"], throttler, attempt)
+                stage = "agent"
+                async with self.gauges["run"].hold(sems["run"]):
+                    with trace.span("agent", attempt=attempt):
+                        # The episode deadline also bounds run_agent functions that ignore the context.
+                        run = self._run_fn(episode, sandbox, self._client(episode, ctx), ctx)
+                        trajectory = await within(run, ctx._episode())
+            if trajectory.truncated:
+                return self._result(episode, Outcome.TRUNCATED, attempt, trace, trajectory=trajectory)
+            stage = "grade"
+            async with self.gauges["grade"].hold(sems["grade"]):
+                with trace.span("grade", attempt=attempt):
+                    grading = self._grade_fn(episode, sandbox, trajectory)
+                    graded = await within(grading, Deadline(self.clock, timeouts.grade_s, "grade"))
+            grade = graded if isinstance(graded, GradeResult) else GradeResult(float(graded), float(graded) > 0)
+            outcome = Outcome.RESOLVED if grade.resolved else Outcome.UNRESOLVED
+            return self._result(episode, outcome, attempt, trace, trajectory=trajectory, grade=grade)
+        except Exception as exc:
+            logger.info("episode %s attempt %d failed in %s: %r", episode.id, attempt, stage, exc)
+            outcome = classify_error(exc, stage)
+            return self._result(episode, outcome, attempt, trace, error=f"{stage}: {exc!r}", exception=exc)
+        finally:
+            if sandbox is not None:
+                await self._release(sandbox, trace)
+
+    async def _acquire(
+        self, episode: Episode, ctx: RunContext, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
+    ) -> Sandbox:
+        async def one_try() -> Sandbox:
+            async with self.gauges["acquire"].hold(sem):
+                self.breaker.check()  # again: the circuit may have opened while this try waited for a slot
+                if throttler is not None:
+                    async with throttler:
+                        pass
+                with ctx.trace.span("sandbox_start", attempt=attempt):
+                    start = Deadline(self.clock, self.config.timeouts.sandbox_start_s, "sandbox_start")
+                    try:
+                        return await within(self._acquire_guarded(episode), start)
+                    except TimeoutError as exc:
+                        # A start that hangs is an infrastructure failure: retry it on a fresh sandbox.
+                        raise SandboxStartError(f"sandbox start for {episode.id} timed out: {exc}") from exc
+
+        async def bounded() -> Sandbox:
+            return await retry_infra(one_try, self.config.backoff, self.breaker, self._rng)
+
+        return await within(bounded(), ctx._episode())
+
+    async def _acquire_guarded(self, episode: Episode) -> Sandbox:
+        # If this coroutine is cancelled after acquire() returned (a deadline fired at that instant), the
+        # sandbox would have no owner; shield the call and release such an orphan.
+        task = asyncio.ensure_future(self._acquire_fn(episode))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_orphan)
+            raise
+
+    def _release_orphan(self, task: asyncio.Future[Sandbox]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._releasing.add(asyncio.ensure_future(self._release_quietly(task.result())))
+
+    async def _release(self, sandbox: Sandbox, trace: Trace) -> None:
+        with trace.span("release", sandbox=sandbox.id):
+            task = asyncio.ensure_future(self._release_quietly(sandbox))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+            # Shielded: a second cancellation must not abandon the release half-way.
+            await asyncio.shield(task)
+
+    async def _release_quietly(self, sandbox: Sandbox) -> None:
+        try:
+            await self._release_fn(sandbox)
+        except Exception:
+            self.release_errors += 1
+            logger.exception("releasing sandbox %s failed; the reaper will find it by label", sandbox.id)
+
+    def _client(self, episode: Episode, ctx: RunContext) -> LLMClient:
+        inner = self._llm if isinstance(self._llm, LLMClient) else self._llm(episode)
+        return GuardedLLM(inner, ctx)
+
+    @staticmethod
+    def _result(episode: Episode, outcome: Outcome, attempt: int, trace: Trace, **fields: Any) -> EpisodeResult:
+        grade = fields.get("grade")
+        reward = grade.reward if isinstance(grade, GradeResult) else 0.0
+        return EpisodeResult(episode, outcome, reward=reward, attempts=attempt, trace=trace, **fields)
+
+    def _apply_policy(self, results: list[EpisodeResult]) -> None:
+        treatments = self.config.policy.group_treatments(
+            [r.outcome for r in results], [r.episode.group_id for r in results]
+        )
+        for result, treatment in zip(results, treatments, strict=True):
+            result.treatment = treatment
+            if treatment is not Treatment.TRAIN:
+                result.reward = 0.0
+
+    def _metrics(self, results: list[EpisodeResult]) -> dict[str, float]:
+        metrics = outcome_metrics([r.outcome for r in results], [r.treatment for r in results])
+        metrics["retries"] = float(sum(max(r.attempts - 1, 0) for r in results))
+        metrics["breaker_trips"] = float(self.breaker.trips)
+        metrics["release_errors"] = float(self.release_errors)
+        for name, gauge in self.gauges.items():
+            metrics[f"stage/{name}/peak"] = float(gauge.peak)
+        return metrics

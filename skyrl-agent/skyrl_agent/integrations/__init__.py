@@ -1,0 +1,1 @@
+"""Bridges to other packages; each is imported on demand, never at package import."""
