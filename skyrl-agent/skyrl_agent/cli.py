@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 from skyrl_agent.sandbox import image
+from skyrl_agent.sandbox.base import SandboxError
 
 
 def _image_build(args: argparse.Namespace) -> int:
@@ -33,6 +34,31 @@ def _image_status(args: argparse.Namespace) -> int:
     return 0 if found == recipe.digest() else 1
 
 
+def _reap(args: argparse.Namespace) -> int:
+    from skyrl_agent.sandbox import reaper
+    from skyrl_agent.sandbox.base import SandboxUnavailableError
+
+    try:
+        report = reaper.reap(args.run, dead_only=not args.all)
+    except SandboxUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"removed {len(report.containers)} containers and {len(report.images)} images")
+    return 0
+
+
+def _tasks_validate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from skyrl_agent.tasks import SUITE_PATH, load_tasks
+    from skyrl_agent.tasks.validate import format_table, make_backend, validate_tasks
+
+    tasks = load_tasks(args.tasks or SUITE_PATH)
+    reports = asyncio.run(validate_tasks(tasks, make_backend(args.backend), concurrency=args.jobs))
+    print(format_table(reports))
+    return 0 if all(report.ok for report in reports) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``skyrl-agent``."""
     parser = argparse.ArgumentParser(prog="skyrl-agent", description=__doc__)
@@ -46,6 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
     status = image_commands.add_parser("status", help="say whether the base image exists and is current")
     status.add_argument("--tag", default=image.BASE_IMAGE, help="image tag (default: %(default)s)")
     status.set_defaults(func=_image_status)
+    reap = commands.add_parser("reap", help="remove leaked sandbox containers and snapshot images")
+    reap.add_argument("--run", default=None, help="only this run id (default: every run)")
+    reap.add_argument("--all", action="store_true", help="also remove those of runs that are still alive")
+    reap.set_defaults(func=_reap)
+    tasks_parser = commands.add_parser("tasks", help="check SWE-style task files")
+    tasks_commands = tasks_parser.add_subparsers(dest="tasks_command", required=True)
+    validate = tasks_commands.add_parser("validate", help="check that base fails and gold passes for every task")
+    validate.add_argument("--tasks", help="a .jsonl/.json task file (default: the shipped suite)")
+    validate.add_argument("--backend", choices=["docker", "local", "process"], default="docker")
+    validate.add_argument("--jobs", type=int, default=4, help="tasks validated at once (default: %(default)s)")
+    validate.set_defaults(func=_tasks_validate)
     return parser
 
 
@@ -54,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except image.ImageBuildError as exc:
+    except (image.ImageBuildError, ValueError, SandboxError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

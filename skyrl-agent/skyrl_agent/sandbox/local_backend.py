@@ -1,0 +1,269 @@
+"""Daemon-free sandboxes: bubblewrap over an overlayfs copy-on-write layer on an image's root filesystem.
+
+Layout of one sandbox (under the backend's ``work_dir``)::
+
+    <id>/upper   the sandbox's writes (overlayfs upper layer)
+    <id>/work    overlayfs bookkeeping
+    <id>/merged  the root the sandbox sees: upper over [snapshot layers…] over the image rootfs
+
+The shell runs as ``bwrap --unshare-{ipc,pid,net,uts,cgroup} --die-with-parent --new-session`` (no network,
+own PID/IPC/UTS namespaces; no user namespace, see below) with a private ``/tmp``, then drops to the sandbox user
+(uid/gid 1000, no capabilities, no-new-privileges) with rlimits on processes, address space and file size.
+Timeouts are enforced inside, and a command's leftover processes are killed when it returns, as for Docker
+(:mod:`.shell`).
+
+* ``snapshot`` copies the upper dir (a frozen layer); ``fork`` mounts a new overlay with that layer as the top
+  lower layer (a few ms). Snapshots are removed by :meth:`LocalBackend.close`.
+* The image rootfs is exported once from Docker (:func:`export_rootfs`, cached per image id), or the caller
+  passes a directory.
+* Mounting overlayfs needs root (CAP_SYS_ADMIN). Without it the backend falls back to copying the rootfs and
+  the snapshot layers into the sandbox's directory: correct, but each create costs a full copy (seconds).
+
+Limits compared with Docker: no memory cgroup (``RLIMIT_AS`` per process instead), and ``RLIMIT_NPROC`` counts
+every process of uid 1000 on the host, shared by all local sandboxes. The backend runs bwrap as root without a
+user namespace (bwrap's ``--unshare-all`` would add one that maps only uid 0), then drops to the real uid 1000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyrl_agent.sandbox.base import (
+    CommandResult,
+    SandboxClosedError,
+    SandboxSpec,
+    SandboxStartError,
+    SandboxUnavailableError,
+    Snapshot,
+)
+from skyrl_agent.sandbox.shell import DEFAULT_OUTPUT_CAP, PersistentShell
+
+BWRAP = "/usr/bin/bwrap"
+SANDBOX_UID = 1000  # the image's ``sandbox`` user
+STATE_PATH = "/tmp/.skyrl-shell-state"
+
+
+def default_cache_dir() -> Path:
+    """Where exported root filesystems are cached: ``$SKYRL_CACHE_DIR`` or ``~/.cache/skyrl-agent``."""
+    return Path(os.environ.get("SKYRL_CACHE_DIR", Path.home() / ".cache" / "skyrl-agent")) / "rootfs"
+
+
+def export_rootfs(image: str = "skyrl-sandbox:base", cache_dir: Path | None = None) -> Path:
+    """The root filesystem of ``image`` as a directory, exported with the docker CLI once per image id.
+
+    Raises:
+        SandboxUnavailableError: the docker CLI or daemon is missing, or the image does not exist.
+    """
+    inspect = _docker(["image", "inspect", "--format", "{{.Id}}", image])
+    dest = (cache_dir or default_cache_dir()) / inspect.strip().replace("sha256:", "")[:16]
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest.parent))
+    cid = _docker(["create", "--label", "skyrl.export=1", image, "true"]).strip()
+    try:
+        export = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "--numeric-owner", "-x", "-C", str(tmp)], stdin=export.stdout, check=True)
+        if export.stdout is not None:
+            export.stdout.close()
+        export.wait()
+    finally:
+        _docker(["rm", "-f", cid])
+    tmp.rename(dest)  # atomic: a concurrent exporter either wins or finds the finished directory
+    return dest
+
+
+def _docker(args: list[str]) -> str:
+    try:
+        proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxUnavailableError(f"the docker CLI failed ({exc}); pass a rootfs directory instead") from exc
+    if proc.returncode != 0:
+        raise SandboxUnavailableError(f"docker {args[0]} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _overlay_mount(lowers: list[Path], upper: Path, work: Path, merged: Path) -> bool:
+    """Mount an overlay; False when this process may not mount (not root, or the kernel refuses)."""
+    if os.geteuid() != 0:
+        return False
+    options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={work}"
+    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], capture_output=True)
+    return proc.returncode == 0
+
+
+@dataclass
+class _Dirs:
+    base: Path
+    mounted: bool
+
+    @property
+    def upper(self) -> Path:
+        return self.base / "upper" if self.mounted else self.base / "merged"
+
+    @property
+    def merged(self) -> Path:
+        return self.base / "merged"
+
+
+class LocalSandbox:
+    """A bwrap-confined shell over its own overlay; :meth:`close` kills it and deletes the overlay."""
+
+    def __init__(self, backend: LocalBackend, dirs: _Dirs, spec: SandboxSpec, lowers: list[Path]) -> None:
+        self.id = f"local-{dirs.base.name}"
+        self.spec = spec
+        self.dirs = dirs
+        self.lowers = lowers  # the layers under the upper dir, top first (snapshots, then the rootfs)
+        self._backend = backend
+        self._shell = PersistentShell(self._argv(), state_path=STATE_PATH, output_cap=backend.output_cap, env={})
+        self._closed = False
+
+    def _argv(self) -> list[str]:
+        spec, merged = self.spec, str(self.dirs.merged)
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"/home/{spec.user}", "LANG": "C.UTF-8", **spec.env}
+        setenv = [arg for key, value in env.items() for arg in ("--setenv", key, value)]
+        nproc, address_mb = spec.pids_limit, spec.memory_mb
+        limits = f"ulimit -u {nproc} -v {address_mb * 1024} -f {4 * 1024 * 1024}"  # -f: 4 GiB files at most
+        drop = f"setpriv --reuid {SANDBOX_UID} --regid {SANDBOX_UID} --clear-groups --inh-caps=-all"
+        drop += " --bounding-set=-all --no-new-privs"
+        inner = f"{limits} && exec {drop} bash --noprofile --norc"
+        return [
+            BWRAP,
+            "--bind", merged, "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--perms", "1777", "--tmpfs", "/tmp",
+            # --unshare-all minus the user namespace: a root-run bwrap in a new user namespace maps only uid 0,
+            # while dropping to the real uid 1000 keeps host ownership (root-owned /etc stays read-only).
+            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session",
+            "--clearenv", *setenv,
+            "--chdir", spec.workdir,
+            "/bin/bash", "--noprofile", "--norc", "-c", inner,
+        ]  # fmt: skip
+
+    async def start(self) -> None:
+        """Start the shell inside bwrap."""
+        await self._shell.start(self.spec.workdir)
+
+    async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
+        """Run ``command``; its process group is killed inside the sandbox at ``timeout_s`` seconds."""
+        self._check_open()
+        return await self._shell.run(command, timeout_s=timeout_s, workdir=workdir)
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of ``path``, read as the sandbox user."""
+        self._check_open()
+        return await self._shell.read_file(self._abs(path))
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Create or replace ``path`` as the sandbox user."""
+        self._check_open()
+        await self._shell.write_file(self._abs(path), data.encode() if isinstance(data, str) else data, mode)
+
+    async def snapshot(self) -> Snapshot:
+        """Freeze a copy of the upper dir as a layer; ``ref`` is the overlay ``lowerdir`` list, top first."""
+        self._check_open()
+        return await self._backend.freeze(self)
+
+    async def close(self) -> None:
+        """Kill the shell (bwrap's PID namespace dies with it), unmount and delete the dirs; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._shell.close()
+        await asyncio.to_thread(_destroy, self.dirs)
+
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else f"{self.spec.workdir.rstrip('/')}/{path}"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxClosedError(f"{self.id} was used after close()")
+
+
+def _destroy(dirs: _Dirs) -> None:
+    if dirs.mounted:
+        subprocess.run(["umount", "-l", str(dirs.merged)], capture_output=True, check=False)
+    shutil.rmtree(dirs.base, ignore_errors=True)
+
+
+class LocalBackend:
+    """Creates :class:`LocalSandbox` es over ``rootfs`` (default: the exported ``spec.image``).
+
+    Args:
+        rootfs: an image root filesystem directory (read-only to sandboxes); exported from Docker when None.
+        work_dir: where sandbox and snapshot dirs go (default: a fresh temporary directory, removed on close).
+        output_cap: bytes of output kept per command.
+    """
+
+    name = "local"
+
+    def __init__(
+        self, rootfs: Path | None = None, *, work_dir: Path | None = None, output_cap: int = DEFAULT_OUTPUT_CAP
+    ):
+        if not Path(BWRAP).exists():
+            raise SandboxUnavailableError(f"{BWRAP} is missing; install bubblewrap (apt-get install bubblewrap)")
+        self.rootfs = rootfs
+        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="skyrl-local-"))
+        self.output_cap = output_cap
+        self._counter = 0
+        self._open: set[LocalSandbox] = set()
+
+    async def create(self, spec: SandboxSpec, *, lowers: list[Path] | None = None) -> LocalSandbox:
+        """Start a sandbox over ``lowers`` (top first; default: the rootfs alone)."""
+        if lowers is None:
+            if self.rootfs is None:
+                self.rootfs = await asyncio.to_thread(export_rootfs, spec.image)
+            lowers = [self.rootfs]
+        self._counter += 1
+        base = self.work_dir / f"{os.getpid()}-{self._counter}"
+        dirs = await asyncio.to_thread(_prepare, base, lowers)
+        sandbox = LocalSandbox(self, dirs, spec, lowers)
+        try:
+            await sandbox.start()
+        except Exception as exc:
+            await sandbox.close()
+            raise SandboxStartError(f"the bwrap sandbox did not start: {exc}") from exc
+        self._open.add(sandbox)
+        return sandbox
+
+    async def fork(self, snapshot: Snapshot, n: int, spec: SandboxSpec) -> list[LocalSandbox]:
+        """``n`` sandboxes whose lower layers are the snapshot's (one overlay mount each)."""
+        if snapshot.backend != self.name:
+            raise ValueError(f"a {snapshot.backend} snapshot cannot be forked by the local backend")
+        lowers = [Path(p) for p in snapshot.ref.split(":")]
+        return list(await asyncio.gather(*(self.create(spec, lowers=lowers) for _ in range(n))))
+
+    async def freeze(self, sandbox: LocalSandbox) -> Snapshot:
+        """Copy ``sandbox``'s upper dir into a snapshot layer owned by this backend."""
+        self._counter += 1
+        layer = self.work_dir / f"snap-{self._counter}"
+        # cp -a keeps owners, modes, whiteouts (device nodes) and opaque-dir xattrs of the overlay upper dir.
+        await asyncio.to_thread(subprocess.run, ["cp", "-a", str(sandbox.dirs.upper), str(layer)], check=True)
+        if not sandbox.dirs.mounted:
+            return Snapshot(backend=self.name, ref=str(layer))  # a full copy: the layer is a whole root
+        return Snapshot(backend=self.name, ref=":".join(map(str, [layer, *sandbox.lowers])))
+
+    async def close(self) -> None:
+        """Close open sandboxes and delete the work dir (snapshots included); idempotent."""
+        await asyncio.gather(*(s.close() for s in list(self._open)))
+        self._open.clear()
+        await asyncio.to_thread(shutil.rmtree, self.work_dir, True)
+
+
+def _prepare(base: Path, lowers: list[Path]) -> _Dirs:
+    """Make the sandbox dirs and mount the overlay, or copy the layers when mounting is not permitted."""
+    for name in ("upper", "work", "merged"):
+        (base / name).mkdir(parents=True)
+    if _overlay_mount(lowers, base / "upper", base / "work", base / "merged"):
+        return _Dirs(base, mounted=True)
+    for layer in reversed(lowers):  # bottom first, so upper layers overwrite (whiteouts are not honoured)
+        subprocess.run(["cp", "-a", "--reflink=auto", f"{layer}/.", str(base / "merged")], check=True)
+    return _Dirs(base, mounted=False)

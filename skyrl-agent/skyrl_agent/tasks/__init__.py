@@ -1,0 +1,37 @@
+"""SWE-style tasks: the task format, the shipped suite, grading and validation.
+
+The suite (``suite/``) holds small Python codebases, each at a buggy state, and ``suite/tasks.jsonl`` with one task
+per bug: an issue, hidden tests and the reference fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from skyrl_agent.tasks.format import SWETask, TaskFormatError, load_swebench, load_tasks, save_tasks
+from skyrl_agent.tasks.grading import GradeResult, grade, prepare_workspace
+from skyrl_agent.tasks.validate import ValidationReport, validate_task, validate_tasks
+
+SUITE_PATH = Path(__file__).parent / "suite" / "tasks.jsonl"
+
+
+def load_suite() -> list[SWETask]:
+    """The shipped task suite (its repositories are directories next to ``tasks.jsonl``)."""
+    return load_tasks(SUITE_PATH)
+
+
+__all__ = [
+    "SUITE_PATH",
+    "GradeResult",
+    "SWETask",
+    "TaskFormatError",
+    "ValidationReport",
+    "grade",
+    "load_suite",
+    "load_swebench",
+    "load_tasks",
+    "prepare_workspace",
+    "save_tasks",
+    "validate_task",
+    "validate_tasks",
+]

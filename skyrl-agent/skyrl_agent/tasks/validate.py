@@ -1,0 +1,134 @@
+"""Check that tasks are well-formed and that their tests discriminate: the base fails, the gold patch passes.
+
+:func:`validate_task` runs two gradings: the empty patch (every FAIL_TO_PASS test must fail, every PASS_TO_PASS
+test must pass) and the gold patch (everything must pass). Static checks run first and need no sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from skyrl_agent.sandbox.base import SandboxBackend
+from skyrl_agent.tasks.format import SWETask, repo_files
+from skyrl_agent.tasks.grading import GradeResult, SandboxFactory, grade, is_protected, patch_paths, test_targets
+
+_HUNK = re.compile(r"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@", re.MULTILINE)
+
+
+@dataclass
+class ValidationReport:
+    """What is wrong with one task; ``ok`` iff ``problems`` is empty."""
+
+    task_id: str
+    problems: list[str] = field(default_factory=list)
+    base: GradeResult | None = None  # grading of the empty patch
+    gold: GradeResult | None = None  # grading of the gold patch
+
+    @property
+    def ok(self) -> bool:
+        """Whether the task passed every check."""
+        return not self.problems
+
+
+def static_problems(task: SWETask) -> list[str]:
+    """Checks that need no sandbox: patches are well-formed diffs, and the tests they name exist."""
+    problems = []
+    for name in ("gold_patch", "test_patch"):
+        patch = getattr(task, name)
+        if patch and not (patch_paths(patch) and _HUNK.search(patch)):
+            problems.append(f"{name} is not a unified diff (no ---/+++ headers or @@ hunks)")
+    if not task.gold_patch:
+        problems.append("gold_patch is empty")
+    touched_tests = [path for path in patch_paths(task.gold_patch) if is_protected(path, task)]
+    if touched_tests:
+        problems.append(f"gold_patch touches test or config files: {', '.join(touched_tests)}")
+    if task.repo is not None:
+        available = {*repo_files(task), *patch_paths(task.test_patch), *task.hidden_tests}
+        missing = [target for target in test_targets(task) if target not in available]
+        if missing:
+            problems.append(f"test files of FAIL_TO_PASS/PASS_TO_PASS do not exist: {', '.join(missing)}")
+    overlap = set(task.fail_to_pass) & set(task.pass_to_pass)
+    if overlap:
+        problems.append(f"tests listed as both FAIL_TO_PASS and PASS_TO_PASS: {', '.join(sorted(overlap))}")
+    return problems
+
+
+async def validate_task(task: SWETask, sandboxes: SandboxBackend | SandboxFactory) -> ValidationReport:
+    """Validate one task: static checks, then the base (empty patch) and gold gradings in fresh sandboxes."""
+    report = ValidationReport(task.id, static_problems(task))
+    if report.problems:
+        return report
+    base, gold = await asyncio.gather(grade(task, "", sandboxes), grade(task, task.gold_patch, sandboxes))
+    report.base, report.gold = base, gold
+    if base.status == "error":
+        report.problems.append(f"hidden tests do not apply: {base.log[-300:]}")
+        return report
+    passing_on_base = [node for node, ok in base.fail_to_pass.items() if ok]
+    if passing_on_base:
+        report.problems.append(f"FAIL_TO_PASS tests pass without a fix: {', '.join(passing_on_base)}")
+    failing_p2p = [node for node, ok in base.pass_to_pass.items() if not ok]
+    if failing_p2p:
+        report.problems.append(f"PASS_TO_PASS tests fail on the base: {', '.join(failing_p2p)}")
+    if not gold.resolved:
+        failing = [node for node, ok in {**gold.fail_to_pass, **gold.pass_to_pass}.items() if not ok]
+        reason = gold.error or f"failing tests: {', '.join(failing)}"
+        report.problems.append(f"gold patch does not resolve the task ({gold.status}; {reason})")
+    return report
+
+
+async def validate_tasks(
+    tasks: Sequence[SWETask], sandboxes: SandboxBackend | SandboxFactory, *, concurrency: int = 4
+) -> list[ValidationReport]:
+    """Validate every task (``concurrency`` at a time), adding a problem to each task whose id is not unique."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(task: SWETask) -> ValidationReport:
+        async with limit:
+            return await validate_task(task, sandboxes)
+
+    reports = await asyncio.gather(*(one(task) for task in tasks))
+    counts = Counter(task.id for task in tasks)
+    for report in reports:
+        if counts[report.task_id] > 1:
+            report.problems.append(f"task id is not unique ({counts[report.task_id]} tasks share it)")
+    return list(reports)
+
+
+def format_table(reports: Sequence[ValidationReport]) -> str:
+    """A plain-text table: one row per task with its verdict, the time the gold grading took and the problems."""
+    width = max([len("task"), *(len(report.task_id) for report in reports)])
+    rows = [f"{'task':<{width}}  {'result':<7}  {'gold s':>6}  problems"]
+    for report in reports:
+        seconds = f"{report.gold.duration_s:6.2f}" if report.gold else "     -"
+        verdict = "ok" if report.ok else "INVALID"
+        rows.append(f"{report.task_id:<{width}}  {verdict:<7}  {seconds}  {'; '.join(report.problems)}")
+    valid = sum(report.ok for report in reports)
+    rows.append(f"{valid}/{len(reports)} tasks valid")
+    return "\n".join(rows)
+
+
+def make_backend(name: str) -> SandboxBackend:
+    """The sandbox backend called ``name``: ``docker``, ``local`` or ``process`` (no isolation: trusted tasks only).
+
+    Raises ``ValueError`` naming what is missing when the backend's module is not available.
+    """
+    if name == "process":
+        from skyrl_agent.tasks.process_backend import ProcessBackend
+
+        return ProcessBackend()
+    modules = {"docker": ("skyrl_agent.sandbox.docker_backend", "DockerBackend"),
+               "local": ("skyrl_agent.sandbox.local_backend", "LocalBackend")}  # fmt: skip
+    if name not in modules:
+        raise ValueError(f"unknown backend {name!r}; choose docker, local or process")
+    module_name, class_name = modules[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"the {name} backend is not available ({exc}); try --backend process") from exc
+    backend: SandboxBackend = getattr(module, class_name)()
+    return backend

@@ -1,0 +1,68 @@
+"""Shared fixtures: backends to test against, and a session check that no managed container is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from skyrl_agent.sandbox.base import SandboxBackend, SandboxSpec
+
+
+def _managed_containers() -> list[str] | None:
+    """IDs of containers labelled skyrl.managed, or None when Docker is not usable."""
+    if shutil.which("docker") is None:
+        return None
+    proc = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=skyrl.managed"], capture_output=True, text=True, check=False
+    )
+    return proc.stdout.split() if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_containers() -> Iterator[None]:
+    before = set(_managed_containers() or [])
+    yield
+    leaked = set(_managed_containers() or []) - before
+    if leaked:
+        subprocess.run(["docker", "rm", "-f", *leaked], capture_output=True, check=False)
+        pytest.fail(f"tests leaked managed containers: {sorted(leaked)}")
+
+
+def make_backend(kind: str) -> SandboxBackend:
+    if kind == "docker":
+        from skyrl_agent.sandbox.docker_backend import DockerBackend
+
+        return DockerBackend(run_id="skyrl-test")
+    from skyrl_agent.sandbox.local_backend import LocalBackend, export_rootfs
+
+    return LocalBackend(export_rootfs())
+
+
+@pytest.fixture(params=["docker", "local"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+SPEC = SandboxSpec(memory_mb=256, pids_limit=64)
+
+
+def in_sandbox(kind: str, body: Callable[[Any, SandboxBackend], Awaitable[None]], spec: SandboxSpec = SPEC) -> None:
+    """Run ``body(sandbox, backend)`` against a fresh sandbox of ``kind``; everything is closed afterwards."""
+
+    async def main() -> None:
+        backend = make_backend(kind)
+        try:
+            sandbox = await backend.create(spec)
+            try:
+                await body(sandbox, backend)
+            finally:
+                await sandbox.close()
+        finally:
+            await backend.close()
+
+    asyncio.run(main())

@@ -1,0 +1,147 @@
+"""Behaviour every isolating backend (Docker, local bwrap) must show."""
+
+from __future__ import annotations
+
+import pytest
+
+from skyrl_agent.sandbox.base import SandboxClosedError, SandboxSpec
+
+from .conftest import SPEC, in_sandbox
+
+pytestmark = pytest.mark.docker  # the local backend exports its rootfs from the Docker image
+
+
+def test_output_exit_code_and_user(backend_kind: str) -> None:
+    async def body(sb, _):
+        result = await sb.run("echo out; echo err >&2; id -un; exit 3")
+        assert (result.output, result.exit_code, result.timed_out) == ("out\nerr\nsandbox\n", 3, False)
+
+    in_sandbox(backend_kind, body)
+
+
+def test_shell_state_persists(backend_kind: str) -> None:
+    async def body(sb, _):
+        await sb.run("mkdir -p sub && cd sub && export GREETING=hello")
+        result = await sb.run('pwd; echo "$GREETING"')
+        assert result.output == "/workspace/sub\nhello\n"
+        assert (await sb.run("pwd", workdir="/tmp")).output == "/tmp\n"
+        assert (await sb.run("pwd")).output == "/workspace/sub\n"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_timeout_kills_process_group(backend_kind: str) -> None:
+    async def body(sb, _):
+        result = await sb.run("sleep 300 & sleep 301", timeout_s=1)
+        assert result.timed_out
+        assert result.exit_code == -1
+        leftover = await sb.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c 'sleep 30[01]' || true")
+        assert leftover.output.strip() == "0"
+        assert (await sb.run("echo alive")).output == "alive\n"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_output_flood_is_capped_and_shell_survives(backend_kind: str) -> None:
+    async def body(sb, _):
+        result = await sb.run("yes", timeout_s=2)
+        assert result.truncated
+        assert result.timed_out
+        assert len(result.output) == 64 * 1024
+        assert (await sb.run("echo ok")).output == "ok\n"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_fork_bomb_is_contained(backend_kind: str) -> None:
+    async def body(sb, _):
+        # The bomb's top-level command returns at once; its processes are killed when it does.
+        await sb.run("b() { b | b & }; b", timeout_s=3)
+        result = await sb.run("echo recovered", timeout_s=20)
+        assert result.output == "recovered\n"
+        assert (await sb.run("echo again")).output == "again\n"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_processes_do_not_outlive_their_command(backend_kind: str) -> None:
+    async def body(sb, _):
+        await sb.run("setsid nohup sleep 303 > /dev/null 2>&1 & sleep 304 &")
+        leftover = await sb.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c 'sleep 30[34]' || true")
+        assert leftover.output.strip() == "0"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_memory_bomb_is_killed(backend_kind: str) -> None:
+    async def body(sb, _):
+        result = await sb.run("python3 -c 'x = bytearray(1024 * 1024 * 1024)'", timeout_s=20)
+        assert result.exit_code != 0
+        assert (await sb.run("echo ok")).output == "ok\n"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_no_network(backend_kind: str) -> None:
+    async def body(sb, _):
+        code = "import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)"
+        result = await sb.run(f'python3 -c "{code}"', timeout_s=10)
+        assert result.exit_code != 0
+
+    in_sandbox(backend_kind, body)
+
+
+def test_cannot_write_outside_workspace(backend_kind: str) -> None:
+    async def body(sb, _):
+        assert (await sb.run("touch /etc/evil")).exit_code != 0
+        assert (await sb.run("touch /usr/bin/evil")).exit_code != 0
+        with pytest.raises(PermissionError):
+            await sb.write_file("/etc/passwd", "root::0:0::/:/bin/sh\n")
+
+    in_sandbox(backend_kind, body)
+
+
+def test_files_are_binary_safe(backend_kind: str) -> None:
+    async def body(sb, _):
+        data = bytes(range(256)) * 300 + b"\n__SKYRL_fake:0\n"
+        await sb.write_file("deep/dir/blob.bin", data, mode=0o600)
+        assert await sb.read_file("deep/dir/blob.bin") == data
+        assert (await sb.run("stat -c %a deep/dir/blob.bin")).output == "600\n"
+        await sb.write_file("empty", b"")
+        assert await sb.read_file("/workspace/empty") == b""
+        with pytest.raises(FileNotFoundError):
+            await sb.read_file("missing")
+        assert (await sb.run("echo still in sync")).output == "still in sync\n"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_snapshot_and_fork(backend_kind: str) -> None:
+    async def body(sb, backend):
+        await sb.write_file("state.txt", "v1")
+        await sb.run("git init -q repo")
+        snap = await sb.snapshot()
+        await sb.write_file("state.txt", "after-snapshot")
+        forks = await backend.fork(snap, 2, SPEC)
+        try:
+            for fork in forks:
+                assert await fork.read_file("state.txt") == b"v1"
+                assert (await fork.run("test -d repo/.git")).exit_code == 0
+            await forks[0].write_file("state.txt", "fork0")
+            assert await forks[1].read_file("state.txt") == b"v1"
+            assert await sb.read_file("state.txt") == b"after-snapshot"
+        finally:
+            for fork in forks:
+                await fork.close()
+
+    in_sandbox(backend_kind, body)
+
+
+def test_closed_sandbox_refuses_and_close_is_idempotent(backend_kind: str) -> None:
+    async def body(sb, _):
+        await sb.close()
+        await sb.close()
+        with pytest.raises(SandboxClosedError):
+            await sb.run("true")
+
+    in_sandbox(backend_kind, body, SandboxSpec())

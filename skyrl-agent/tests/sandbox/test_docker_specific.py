@@ -1,0 +1,151 @@
+"""Docker-only behaviour: labels, an unreachable daemon, the warm pool and the reaper."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from skyrl_agent.sandbox import reaper
+from skyrl_agent.sandbox.base import SandboxSpec, SandboxUnavailableError
+from skyrl_agent.sandbox.docker_backend import DockerBackend
+from skyrl_agent.sandbox.pool import WarmPool
+
+from .conftest import SPEC
+
+
+def test_unreachable_daemon_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/closed.sock")
+    start = time.monotonic()
+    with pytest.raises(SandboxUnavailableError, match="no Docker engine"):
+        asyncio.run(DockerBackend().create(SandboxSpec()))
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.docker
+def test_containers_are_labelled_and_hardened() -> None:
+    async def main() -> None:
+        backend = DockerBackend(run_id="skyrl-test-labels")
+        try:
+            sb = await backend.create(SandboxSpec(labels={"team": "x"}), episode="ep1")
+            sb.container.reload()
+            labels = sb.container.labels
+            host = sb.container.attrs["HostConfig"]
+            assert labels["skyrl.managed"] == "1"
+            assert labels["skyrl.run"] == "skyrl-test-labels"
+            assert labels["skyrl.episode"] == "ep1"
+            assert labels["team"] == "x"
+            assert reaper.owner_alive(labels["skyrl.owner"])
+            assert host["NetworkMode"] == "none"
+            assert host["CapDrop"] == ["ALL"]
+            assert host["Init"] is True
+            assert host["PidsLimit"] == 256
+            assert host["Memory"] == 1024 * 1024 * 1024
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_warm_pool_acquire_is_fast_and_refills() -> None:
+    async def main() -> None:
+        backend = DockerBackend(run_id="skyrl-test-pool")
+        pool = WarmPool(backend, SPEC, size=2)
+        try:
+            pool.start()
+            for _ in range(200):
+                if pool.ready == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert pool.ready == 2
+            start = time.perf_counter()
+            sb = await pool.acquire()
+            assert time.perf_counter() - start < 0.05
+            assert (await sb.run("echo pooled")).output == "pooled\n"
+            await pool.release(sb)
+            for _ in range(200):
+                if pool.ready == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert pool.ready == 2
+        finally:
+            await pool.close()
+            await backend.close()
+
+    asyncio.run(main())
+
+
+def _start_labelled(owner: str) -> str:
+    proc = subprocess.run(
+        ["docker", "run", "-d", "--network", "none", "-l", "skyrl.managed=1", "-l", "skyrl.run=skyrl-test-dead",
+         "-l", f"skyrl.owner={owner}", "skyrl-sandbox:base", "sleep", "300"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout.strip()
+
+
+def _exists(cid: str) -> bool:
+    return subprocess.run(["docker", "inspect", cid], capture_output=True, check=False).returncode == 0
+
+
+@pytest.mark.docker
+def test_reap_removes_dead_runs_and_keeps_live_ones() -> None:
+    dead = _start_labelled(f"999999:{reaper.owner().split(':')[1]}:12345")
+    alive = _start_labelled(reaper.owner())
+    try:
+        report = reaper.reap("skyrl-test-dead")
+        assert dead[:12] in report.containers
+        assert not _exists(dead)
+        assert _exists(alive)
+        reaper.reap("skyrl-test-dead", dead_only=False)
+        assert not _exists(alive)
+    finally:
+        subprocess.run(["docker", "rm", "-f", dead, alive], capture_output=True, check=False)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_sigkilled_run_is_reaped() -> None:
+    child = textwrap.dedent(
+        """
+        import asyncio, sys, time
+        from skyrl_agent.sandbox.docker_backend import DockerBackend
+        from skyrl_agent.sandbox.base import SandboxSpec
+        async def main():
+            backend = DockerBackend(run_id="skyrl-test-killed")
+            await backend.create(SandboxSpec())
+            await backend.create(SandboxSpec())
+            print("ready", flush=True)
+            time.sleep(300)
+        asyncio.run(main())
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    report = reaper.reap("skyrl-test-killed")
+    assert len(report.containers) == 2
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=skyrl.run=skyrl-test-killed"], capture_output=True, text=True
+    )
+    assert left.stdout.strip() == ""
+
+
+@pytest.mark.docker
+def test_cli_reap(capsys: pytest.CaptureFixture[str]) -> None:
+    from skyrl_agent.cli import main
+
+    assert main(["reap", "--run", "skyrl-test-nothing"]) == 0
+    assert "removed 0 containers" in capsys.readouterr().out
