@@ -1,0 +1,336 @@
+"""Side-by-side GRPO step time of skyrl-train and TRL's ``GRPOTrainer`` on the same tiny workload, plus engine rows.
+
+    .venv/bin/python benchmarks/train_bench.py                      # all rows, 10 timed steps per side
+    .venv/bin/python benchmarks/train_bench.py --quick --skip-trl   # smoke run, ours only
+
+Workload (both sides): the deterministic tiny Qwen2 model (``build_tiny_model(seed=0)``, ≈3 M parameters, fp32)
+saved once to a directory both read; 16 addition prompts (the quickstart's, chat template applied) × 4 samples ×
+at most 64 new tokens at temperature 1; the gsm8k rule reward (``#### N`` exact match; the TRL worker carries a
+copy of skyrl-gym's function); one optimizer step per training step, no KL term, lr 1e-6. Neither side forces a
+minimum length: generation stops at EOS or 64 tokens, and the mean completion length of each side is reported so
+the work can be compared (the untrained model rarely samples EOS). Each side runs ``--warmup`` untimed steps, then
+``--steps`` timed ones; the table shows medians.
+
+TRL is installed from PyPI into its own venv (``.cache/bench/trl-venv`` by default, reused when complete) with
+``constraints/cpu.txt`` (torch 2.13.0 CPU, transformers < 5.20), then torchvision/torchaudio/torchcodec are removed
+(they break the CPU torch). Every measurement runs ``benchmarks/_train_bench_worker.py`` in a fresh interpreter of
+the venv under test from a scratch directory, with no ``PYTHONPATH`` and ``-s``.
+
+Rows:
+
+- GRPO step (16×4×64): median wall time of ``trainer.train_step`` (ours, built through ``skyrl_train.run._Session``
+  as the CLI does) and of one ``GRPOTrainer`` optimizer step (TRL, timed by a callback); ratio ours / TRL
+  (target ≤ 0.5, reported, not asserted).
+- Generation inside the step: generated tokens / generation seconds, both sides.
+- Local engine vs vLLM engine (ours): 64 sequences × 64 tokens, tokens/s; vLLM is the in-process CPU engine
+  (row skipped with a note when vLLM is unavailable).
+- Weight sync: ``sync_weights`` of the policy backend into the local engine and into vLLM (``direct`` transport).
+
+Output: the table on stdout and ``benchmarks/results/train_bench.json``. The machine is shared: load averages at
+start and end are printed and recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "benchmarks" / "_train_bench_worker.py"
+CONSTRAINTS = REPO / "constraints" / "cpu.txt"
+DEFAULT_TRL_VENV = REPO / ".cache" / "bench" / "trl-venv"
+DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "train_bench.json"
+TRL_PROBE = "import importlib.metadata as m, trl, torch, transformers, datasets; print(m.version('trl'))"
+TARGET_RATIO = 0.5  # ours / TRL median step time
+
+
+# --- environments -------------------------------------------------------------------------------------------------
+
+
+def worker_env(python: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env.pop("VIRTUAL_ENV", None)
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONHASHSEED"] = "0"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _trl_version(python: Path) -> str | None:
+    with tempfile.TemporaryDirectory(prefix="train-bench-cwd-") as cwd:
+        done = subprocess.run(
+            [str(python), "-s", "-c", TRL_PROBE], cwd=cwd, env=worker_env(python), capture_output=True, text=True
+        )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def ensure_trl_venv(venv: Path, spec: str) -> tuple[Path, str]:
+    """The TRL venv's interpreter and TRL version; creates the venv and installs TRL into it if needed."""
+    python = venv / "bin" / "python"
+    if python.exists() and (version := _trl_version(python)):
+        return python, version
+    print(f"installing {spec} into {venv} ...", flush=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="train-bench-cwd-") as cwd:
+        env = worker_env(python)
+        steps = [
+            [sys.executable, "-m", "venv", "--clear", str(venv)],
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(CONSTRAINTS), spec],
+            [str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+        ]
+        for step in steps:
+            done = subprocess.run(step, cwd=cwd, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(
+                    f"could not set up TRL ({' '.join(step)}):\n{done.stderr[-4000:]}\n"
+                    "Without access to PyPI, run with --skip-trl."
+                )
+    version = _trl_version(python)
+    if version is None:
+        raise SystemExit(f"{venv}: trl does not import after installing")
+    return python, version
+
+
+def prepare_workload(work: Path, prompts: int) -> tuple[Path, Path]:
+    """The tiny model directory and the prompt file (our dataset format; the TRL worker converts it)."""
+    from skyrl_train.models.tiny import build_tiny_model
+    from skyrl_train.quickstart import make_problems, write_rows
+
+    model = build_tiny_model(work / "model", seed=0)
+    train, _ = make_problems(0, 200)
+    data = write_rows(train[:prompts], work / "prompts.jsonl")
+    return Path(model), data
+
+
+def run_worker(python: Path, impl: str, task: str, args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="train-bench-cwd-") as cwd:
+        command = [str(python), "-s", str(WORKER), "--impl", impl, "--task", task, "--model", str(model)]
+        command += ["--data", str(data), "--run-dir", str(Path(cwd) / "run"), "--prompts", str(args.prompts)]
+        command += ["--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens)]
+        command += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+        print(f"running {impl} {task} ...", flush=True)
+        done = subprocess.run(command, cwd=cwd, env=worker_env(python), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{impl} {task} worker failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+# --- report -------------------------------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.{digits}f}"
+
+
+def build_rows(ours: dict[str, Any], trl: dict[str, Any] | None, engines: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    ratio = ours["median_step_s"] / trl["median_step_s"] if trl else None
+    rows["grpo_step"] = {
+        "label": "GRPO step (16 prompts × 4 × 64 tok)",
+        "unit": "s/step (median)",
+        "ours": ours["median_step_s"],
+        "trl": trl["median_step_s"] if trl else None,
+        "ratio": ratio,
+        "target": f"≤{TARGET_RATIO}×",
+        "target_met": None if ratio is None else ratio <= TARGET_RATIO,
+    }
+    trl_gen = trl.get("gen_tokens_per_s") if trl else None
+    rows["step_generation"] = {
+        "label": "generation inside the step",
+        "unit": "tokens/s",
+        "ours": ours["gen_tokens_per_s"],
+        "trl": trl_gen,
+        "ratio": ours["gen_tokens_per_s"] / trl_gen if trl_gen else None,
+        "target": "",
+        "target_met": None,
+    }
+    rows["completion_length"] = {
+        "label": "mean completion length",
+        "unit": "tokens",
+        "ours": ours["mean_completion_tokens"],
+        "trl": trl["mean_completion_tokens"] if trl else None,
+        "ratio": None,
+        "target": "",
+        "target_met": None,
+    }
+    local, vllm = engines["local"], engines.get("vllm")
+    rows["engine_local"] = {
+        "label": "local engine, 64 seq × 64 tok",
+        "unit": "tokens/s",
+        "ours": local["gen_tokens_per_s"],
+        "trl": None,
+        "ratio": None,
+        "target": "",
+        "target_met": None,
+    }
+    rows["engine_vllm"] = {
+        "label": "vLLM engine (in-process CPU), same",
+        "unit": "tokens/s",
+        "ours": vllm["gen_tokens_per_s"] if vllm else None,
+        "trl": None,
+        "ratio": None,
+        "target": "",
+        "target_met": None,
+        "note": None if vllm else engines.get("vllm_note", "vLLM unavailable"),
+    }
+    rows["sync_local"] = {
+        "label": "weight sync → local engine",
+        "unit": "ms",
+        "ours": local["weight_sync_s"] * 1000,
+        "trl": None,
+        "ratio": None,
+        "target": "",
+        "target_met": None,
+    }
+    rows["sync_vllm"] = {
+        "label": "weight sync → vLLM (direct)",
+        "unit": "ms",
+        "ours": vllm["weight_sync_s"] * 1000 if vllm else None,
+        "trl": None,
+        "ratio": None,
+        "target": "",
+        "target_met": None,
+        "note": None if vllm else engines.get("vllm_note", "vLLM unavailable"),
+    }
+    return rows
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    header = ["row", "unit", "ours", "TRL", "ours/TRL", "target", "met"]
+    lines = []
+    for row in rows.values():
+        met = {None: "", True: "yes", False: "NO"}[row["target_met"]]
+        ours = _num(row["ours"]) if row["ours"] is not None else f"skipped ({row.get('note') or 'n/a'})"[:60]
+        trl = _num(row["trl"]) if row["trl"] is not None else "—"
+        ratio = f"{row['ratio']:.2f}×" if row["ratio"] is not None else "—"
+        lines.append([row["label"], row["unit"], ours, trl, ratio, row["target"], met])
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *lines, strict=True)]
+    right = {2, 3, 4}
+
+    def fmt(cells: list[str]) -> str:
+        return " | ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    rule = "-|-".join("-" * w for w in widths)
+    return "\n".join([fmt(header), rule, *(fmt(line) for line in lines)])
+
+
+def breakdown(ours: dict[str, Any], trl: dict[str, Any] | None) -> str:
+    parts = [f"{k.removeprefix('timing/')} {v:.2f} s" for k, v in ours["breakdown_median_s"].items()]
+    text = "ours, median per step: " + ", ".join(parts)
+    if trl and trl.get("breakdown_median_s"):
+        gen = trl["breakdown_median_s"]["timing/generate_s"]
+        text += f"\nTRL, median per step: generate {gen:.2f} s, rest {trl['median_step_s'] - gen:.2f} s"
+    return text
+
+
+def machine_info() -> dict[str, Any]:
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_model": cpu_model,
+        "platform": platform.platform(),
+    }
+
+
+# --- main ---------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per side (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps (and engine calls) first")
+    parser.add_argument("--repeats", type=int, default=5, help="timed generate calls per engine")
+    parser.add_argument("--quick", action="store_true", help="2 timed steps, 1 warm-up, 2 engine repeats (smoke)")
+    parser.add_argument("--skip-trl", action="store_true", help="measure ours only (no PyPI access needed)")
+    parser.add_argument("--trl-venv", type=Path, default=DEFAULT_TRL_VENV)
+    parser.add_argument("--trl-spec", default="trl", help="pip requirement for TRL (e.g. 'trl==1.16.0')")
+    parser.add_argument("--ours-python", type=Path, default=Path(sys.executable), help="a venv with skyrl_train")
+    parser.add_argument("--work-dir", type=Path, default=None, help="model and prompts (default: a temp dir)")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args(argv)
+    args.prompts, args.samples, args.max_new_tokens = 16, 4, 64
+    if args.quick:
+        args.steps, args.warmup, args.repeats = 2, 1, 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    trl_python, trl_version = (None, None) if args.skip_trl else ensure_trl_venv(args.trl_venv, args.trl_spec)
+    loadavg_start = [round(x, 2) for x in os.getloadavg()]
+    started = datetime.datetime.now(datetime.UTC)
+    with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        model, data = prepare_workload(work, args.prompts)
+        ours = run_worker(args.ours_python, "ours", "train", args, model, data)
+        print(f"  ours: median {ours['median_step_s']:.2f} s/step", flush=True)
+        trl = None
+        if trl_python is not None:
+            trl = run_worker(trl_python, "trl", "train", args, model, data)
+            print(f"  TRL:  median {trl['median_step_s']:.2f} s/step", flush=True)
+        engines = run_worker(args.ours_python, "ours", "engines", args, model, data)
+    loadavg_end = [round(x, 2) for x in os.getloadavg()]
+    info = {**machine_info(), "loadavg_start": loadavg_start, "loadavg_end": loadavg_end}
+    rows = build_rows(ours, trl, engines)
+
+    print()
+    print(f"machine: {info['cpu_count']} CPUs ({info['cpus_usable']} usable), {info['cpu_model']}, {info['platform']}")
+    print(f"load average: start {loadavg_start}, end {loadavg_end}")
+    print(f"timed steps: {args.steps} after {args.warmup} warm-up (median); TRL {trl_version or 'skipped'}\n")
+    print(table(rows))
+    print()
+    print(breakdown(ours, trl))
+
+    result = {
+        "benchmark": "train_bench",
+        "started_utc": started.isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "quick": args.quick,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "workload": {
+            "model": "build_tiny_model(seed=0), fp32",
+            "prompts": args.prompts,
+            "samples_per_prompt": args.samples,
+            "max_new_tokens": args.max_new_tokens,
+            "reward": "gsm8k strict '#### N' match",
+            "updates_per_step": 1,
+        },
+        "trl_version": trl_version,
+        "target_ratio": TARGET_RATIO,
+        "machine": info,
+        "rows": rows,
+        "ours": ours,
+        "trl": trl,
+        "engines": engines,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
