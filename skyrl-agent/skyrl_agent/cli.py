@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from skyrl_agent.sandbox import image
 from skyrl_agent.sandbox.base import SandboxError
@@ -59,6 +60,26 @@ def _tasks_validate(args: argparse.Namespace) -> int:
     return 0 if all(report.ok for report in reports) else 1
 
 
+def _run(args: argparse.Namespace) -> int:
+    from skyrl_agent import run
+    from skyrl_agent.sandbox import reaper
+    from skyrl_agent.tasks import SUITE_PATH, load_tasks
+
+    if args.concurrency < 1 or args.samples < 1 or args.max_turns < 1:
+        raise ValueError("--concurrency, --samples and --max-turns must be at least 1")
+    run.make_llm(args.model)  # reject a bad --model before starting anything
+    options = run.RunOptions(
+        model=args.model,
+        out=Path(args.out),
+        concurrency=args.concurrency,
+        samples=args.samples,
+        max_turns=args.max_turns,
+        served_model=args.served_model,
+        run_id=args.run_id or reaper.default_run_id(),
+    )
+    return run.main(load_tasks(args.tasks or SUITE_PATH), args.backend, options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``skyrl-agent``."""
     parser = argparse.ArgumentParser(prog="skyrl-agent", description=__doc__)
@@ -83,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--backend", choices=["docker", "local", "process"], default="docker")
     validate.add_argument("--jobs", type=int, default=4, help="tasks validated at once (default: %(default)s)")
     validate.set_defaults(func=_tasks_validate)
+    run = commands.add_parser("run", help="run agent episodes on tasks, grade them and save the trajectories")
+    run.add_argument("--tasks", help="a .jsonl/.json task file (default: the shipped suite)")
+    run.add_argument(
+        "--model", required=True, help="scripted:oracle|null|latency-oracle, or an OpenAI-compatible base URL"
+    )
+    run.add_argument("--served-model", default="default", help="model name sent to the server (default: %(default)s)")
+    run.add_argument("--concurrency", type=int, default=4, help="episodes at once (default: %(default)s)")
+    run.add_argument("--out", required=True, help="directory for trajectories.jsonl and summary.json")
+    run.add_argument("--backend", choices=["docker", "local", "process"], default="docker")
+    run.add_argument("--samples", type=int, default=1, help="episodes per task (default: %(default)s)")
+    run.add_argument("--max-turns", type=int, default=30, help="LLM calls per episode at most (default: %(default)s)")
+    run.add_argument("--run-id", default=None, help="labels this run's sandboxes (default: host-pid-random)")
+    run.set_defaults(func=_run)
     return parser
 
 

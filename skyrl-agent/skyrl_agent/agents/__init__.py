@@ -2,6 +2,7 @@
 
 from skyrl_agent.agents.actions import BashAction, EditorAction, FormatError, SubmitAction, parse_action
 from skyrl_agent.agents.react import AgentConfig, ReActAgent, Trajectory, Turn
+from skyrl_agent.agents.swe_env import SWEEnv
 from skyrl_agent.agents.tool_env import SandboxToolEnv
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "EditorAction",
     "FormatError",
     "ReActAgent",
+    "SWEEnv",
     "SandboxToolEnv",
     "SubmitAction",
     "Trajectory",

@@ -7,7 +7,6 @@ ends the episode with the repository diff as ``metadata["submission"]``.
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from skyrl_agent.agents.actions import BashAction, EditorAction, FormatError, SubmitAction, parse_action
@@ -58,13 +57,18 @@ class SandboxToolEnv(BaseTextEnv):
         except FormatError as exc:
             return self._out(str(exc))
         if isinstance(parsed, SubmitAction):
-            patch = await self.sandbox.run(
-                f"cd {shlex.quote(self.workdir)} && git add -A && git diff --cached", timeout_s=self.command_timeout_s
-            )
-            return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata={"submission": patch.output})
+            patch = await self.diff()
+            return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata={"submission": patch})
         if isinstance(parsed, BashAction):
             return self._out(await self._bash(parsed.command))
         return self._out(await self._edit(parsed))
+
+    async def diff(self) -> str:
+        """The repository's changes so far, new files included, as a unified diff (``git diff`` of the index)."""
+        patch = await self.sandbox.run(
+            "git add -A && git diff --cached", timeout_s=self.command_timeout_s, workdir=self.workdir
+        )
+        return patch.output
 
     def _out(self, text: str) -> BaseTextEnvStepOutput:
         if len(text) > self.max_output_chars:

@@ -80,7 +80,7 @@ def test_null_policy_submits_nothing() -> None:
 
 def test_oracle_applies_gold_patch_through_tools() -> None:
     patch = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
-    diff_cmd = "cd /workspace && git add -A && git diff --cached"
+    diff_cmd = "git add -A && git diff --cached"
     sandbox = FakeSandbox(responses={diff_cmd: patch})
     traj = asyncio.run(ReActAgent(oracle_policy({"gold_patch": patch}), SandboxToolEnv(sandbox)).run(PROMPT))
     assert sandbox.files["/tmp/gold.patch"] == patch.encode()
