@@ -11,10 +11,13 @@ output, tracebacks and exit status), under resource limits and a wall-clock time
         result.exit_code  # 0
 
     result = await executor.arun("1/0")  # the same from asyncio; result.stderr holds the traceback
+    results = executor.run_many("print(int(input()) * 2)", ["1", "2"])  # one program, several stdins
 
-Speed comes from a warm pool: interpreters are started (isolation applied, modules preloaded) before they are
-needed, each serves one run and exits, and a background thread starts replacements. So every run starts from
-a clean interpreter, yet a short snippet returns in milliseconds.
+Speed comes from a warm pool of sandboxed interpreters started (isolation applied, modules preloaded) before they
+are needed. By default (for a root caller) each is a fork server that never runs a snippet itself: it forks a
+fresh child per run and restores its sandbox afterwards (:mod:`skyrl_gym.sandbox.forkserver`). Otherwise
+each interpreter serves one run and exits, and a background thread starts replacements. Either way every run
+starts from a clean interpreter, yet a short snippet returns in milliseconds.
 
 Isolation: :func:`isolation_mode` tells which mode this machine gives ("bwrap", "unshare" or "rlimits") and
 :func:`isolation_guarantees` what holds in it; :mod:`skyrl_gym.sandbox.isolation` documents each mode, and so
@@ -30,12 +33,13 @@ from skyrl_gym.sandbox.errors import (
     SandboxStartError,
     SandboxUnavailableError,
 )
-from skyrl_gym.sandbox.executor import CodeExecutor, get_default_executor
+from skyrl_gym.sandbox.executor import DEFAULT_PRELOAD, CodeExecutor, get_default_executor
 from skyrl_gym.sandbox.isolation import GUARANTEES, IsolationMode, isolation_guarantees, isolation_mode
 from skyrl_gym.sandbox.limits import SandboxLimits
 from skyrl_gym.sandbox.result import ExecutionResult, format_python_tool_output
 
 __all__ = [
+    "DEFAULT_PRELOAD",
     "GUARANTEES",
     "CodeExecutor",
     "ExecutionResult",

@@ -7,39 +7,50 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
+from typing import Final
 
+from skyrl_gym.sandbox.batch import Batch
 from skyrl_gym.sandbox.errors import SandboxStartError, SandboxUnavailableError
+from skyrl_gym.sandbox.exchange import Exchange, adrive, drive
+from skyrl_gym.sandbox.forkserver import fork_server_supported
 from skyrl_gym.sandbox.interpreter import SYSTEM_PYTHON, Interpreter, default_python, inspect_interpreter
 from skyrl_gym.sandbox.isolation import IsolationMode, check_mode, isolation_mode, running_as_root
 from skyrl_gym.sandbox.limits import SandboxLimits
 from skyrl_gym.sandbox.pool import WorkerPool
 from skyrl_gym.sandbox.result import ExecutionResult
-from skyrl_gym.sandbox.worker import Exchange, Worker, WorkerConfig, adrive, drive
+from skyrl_gym.sandbox.worker import Run, WorkerConfig
 
-__all__ = ["CodeExecutor", "get_default_executor"]
+__all__ = ["DEFAULT_PRELOAD", "CodeExecutor", "get_default_executor"]
 
 logger = logging.getLogger(__name__)
 
 
 class CodeExecutor:
-    """Runs Python snippets in sandboxed, pre-started interpreters; each run gets a fresh one.
+    """Runs Python snippets in sandboxed, pre-started interpreters; each run starts from a clean one.
 
     A run behaves like ``subprocess.run([python, "-c", code], input=stdin)``: same ``sys.argv``, ``__main__``,
     output and traceback text, and exit status, but isolated (see :mod:`skyrl_gym.sandbox.isolation`) and
     limited by :class:`SandboxLimits`. The interpreter was started before the call, so a short snippet takes
     milliseconds rather than an interpreter start-up.
 
+    Two ways to keep interpreters warm. Fork servers (the default where supported, i.e. for a root caller): each
+    pooled interpreter forks a fresh child per run, and restores its sandbox after each (see
+    :mod:`skyrl_gym.sandbox.forkserver`), so back-to-back runs cost a ``fork()`` rather than an interpreter
+    start. One interpreter per run (``fork_server=False``): each pooled interpreter serves one run and exits;
+    a background thread starts replacements.
+
     Thread-safe: :meth:`run` may be called from many threads at once and :meth:`arun` from any event loop.
-    Ownership: the executor owns ``pool_size`` idle interpreters and one daemon thread that replaces used ones.
+    Ownership: the executor owns ``pool_size`` pooled interpreters and one daemon thread that replaces used ones.
     Close it with :meth:`close` (or ``with``); one still open when garbage-collected or at interpreter exit is
     closed then. Not fork-safe: create executors after forking.
 
     Args:
         limits: Default limits of a run; :meth:`run` may pass others per call.
-        pool_size: How many interpreters to keep started and waiting. When more runs arrive at once, the extra
-            ones start an interpreter themselves (cold start, tens of milliseconds).
+        pool_size: How many interpreters to keep started. When more runs arrive at once, the extra ones wait up to
+            0.5 s for a fork server to become idle, then start an interpreter themselves (cold start, tens of
+            milliseconds); with one interpreter per run they start one at once.
         isolation: Force an isolation mode; default: :func:`~skyrl_gym.sandbox.isolation.isolation_mode`.
         python: The interpreter to run snippets with; default ``sys.executable`` (so a virtual environment's
             packages are importable). Outside bwrap, when running as root, it must be readable by an
@@ -52,9 +63,11 @@ class CodeExecutor:
         env: Extra environment variables; the interpreter inherits nothing else from this process.
         start_timeout_s: How long an interpreter may take to start before the run fails with
             :class:`~skyrl_gym.sandbox.errors.SandboxStartError`.
+        fork_server: True: serve runs from fork servers; False: one interpreter per run; None (default): fork
+            servers where supported (a root caller, any isolation mode).
 
     Raises:
-        SandboxUnavailableError: The requested mode or interpreter cannot be used here.
+        SandboxUnavailableError: The requested mode, interpreter or fork server cannot be used here.
     """
 
     def __init__(
@@ -69,9 +82,14 @@ class CodeExecutor:
         extra_ro_paths: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 30.0,
+        fork_server: bool | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
         mode = check_mode(isolation) if isolation is not None else isolation_mode()
+        if fork_server is None:
+            fork_server = fork_server_supported()
+        elif fork_server and not fork_server_supported():
+            raise SandboxUnavailableError("fork servers need a root caller (a private uid per run); pass False")
         config = WorkerConfig(
             mode=mode,
             interpreter=_choose_interpreter(mode, python),
@@ -80,6 +98,7 @@ class CodeExecutor:
             ro_paths=tuple(extra_ro_paths),
             env=tuple((env or {}).items()),
             start_timeout_s=start_timeout_s,
+            fork_server=fork_server,
         )
         self._pool = WorkerPool(config, pool_size)
         self._finalizer = weakref.finalize(self, self._pool.close)
@@ -88,6 +107,11 @@ class CodeExecutor:
     def isolation(self) -> IsolationMode:
         """The isolation mode of this executor's runs."""
         return self._pool.config.mode
+
+    @property
+    def fork_server(self) -> bool:
+        """Whether runs are served by fork servers (else: one interpreter per run)."""
+        return self._pool.config.fork_server
 
     @property
     def python(self) -> str:
@@ -116,15 +140,7 @@ class CodeExecutor:
             ExecutorClosedError: The executor is closed.
         """
         _check_code(code)
-        limits = limits or self.limits
-        worker = self._pool.take_pooled()
-        if worker is not None:
-            try:
-                return self._run_on(worker, code, stdin, limits)
-            except SandboxStartError:
-                # A pooled interpreter died while it waited (e.g. killed from outside): one fresh attempt.
-                logger.warning("a pooled sandbox interpreter was dead; starting a fresh one", exc_info=True)
-        return self._run_on(self._pool.start_worker(), code, stdin, limits)
+        return self._execute(code, stdin, limits or self.limits).result()
 
     async def arun(self, code: str, stdin: str | bytes = "", limits: SandboxLimits | None = None) -> ExecutionResult:
         """The asyncio version of :meth:`run`; waits on the event loop, never on a thread, for pooled runs.
@@ -132,14 +148,84 @@ class CodeExecutor:
         Cancelling the awaiting task kills the run and reaps its process before the cancellation propagates.
         """
         _check_code(code)
-        limits = limits or self.limits
-        worker = self._pool.take_pooled()
-        if worker is not None:
-            try:
-                return await self._arun_on(worker, code, stdin, limits)
-            except SandboxStartError:
-                logger.warning("a pooled sandbox interpreter was dead; starting a fresh one", exc_info=True)
-        return await self._arun_on(await self._start_worker_async(), code, stdin, limits)
+        return (await self._aexecute(code, stdin, limits or self.limits)).result()
+
+    def run_many(
+        self,
+        code: str,
+        stdins: Sequence[str | bytes],
+        limits: SandboxLimits | None = None,
+        *,
+        setup: str = "",
+        stop_on_failure: bool = False,
+        max_total_output_bytes: int | None = None,
+    ) -> list[ExecutionResult]:
+        """Run ``code`` once per standard input, each run as ``python -c code`` would; faster than one run each.
+
+        All inputs are served by one sandboxed run: its process runs ``setup`` once (e.g. imports), then forks a
+        fresh process per input, in order, which runs ``code`` in a copy of the namespace ``setup`` left, with that
+        input on its standard input. Each input's run is limited by ``limits`` (``timeout_s`` and the output caps
+        per input; memory, CPU time and file size per process) and killed at its timeout or output cap; whatever it
+        left running is killed before the next input starts. Inputs of one batch share the sandbox's files and uid
+        (an input can see files an earlier one wrote, and can kill the batch's process: its result then carries
+        that death, and the list ends there). Runs of different batches are isolated as :meth:`run` runs are.
+
+        Args:
+            code: Python source, run per input (tracebacks and exit statuses as under ``python -c``).
+            stdins: The inputs, in order (str is sent as UTF-8).
+            limits: Limits of each input's run; default: the executor's.
+            setup: Source run once before the inputs, in the namespace each input's run starts from; its output is
+                discarded. If it fails, its output and exit status 1 are the first input's result, and no input
+                runs.
+            stop_on_failure: Stop after the first input whose result is not ``ok`` (the list is then shorter).
+            max_total_output_bytes: Budget for all inputs' output together: each stream of an input is capped
+                at what earlier inputs left of it (and at ``max_output_bytes``). None: no budget.
+
+        Returns:
+            One result per input that ran, in order.
+
+        Raises:
+            SandboxStartError: No interpreter could be started for the batch.
+            ExecutorClosedError: The executor is closed.
+        """
+        batch = Batch.of(
+            code,
+            stdins,
+            limits or self.limits,
+            setup=setup,
+            stop_on_failure=stop_on_failure,
+            max_total_output_bytes=max_total_output_bytes,
+        )
+        if not batch.stdins:
+            return []
+        body, job_limits = batch.job(private_uid=self._pool.config.private_uid)
+        exchange = self._execute(body, b"", job_limits, batch=True)
+        return batch.results(exchange.raw_stdout(), exchange.result())
+
+    async def arun_many(
+        self,
+        code: str,
+        stdins: Sequence[str | bytes],
+        limits: SandboxLimits | None = None,
+        *,
+        setup: str = "",
+        stop_on_failure: bool = False,
+        max_total_output_bytes: int | None = None,
+    ) -> list[ExecutionResult]:
+        """The asyncio version of :meth:`run_many` (cancellation kills the batch, as for :meth:`arun`)."""
+        batch = Batch.of(
+            code,
+            stdins,
+            limits or self.limits,
+            setup=setup,
+            stop_on_failure=stop_on_failure,
+            max_total_output_bytes=max_total_output_bytes,
+        )
+        if not batch.stdins:
+            return []
+        body, job_limits = batch.job(private_uid=self._pool.config.private_uid)
+        exchange = await self._aexecute(body, b"", job_limits, batch=True)
+        return batch.results(exchange.raw_stdout(), exchange.result())
 
     def close(self) -> None:
         """Kill the idle interpreters and stop the pool's thread. Runs in progress finish normally."""
@@ -157,38 +243,94 @@ class CodeExecutor:
         self.close()
 
     def __repr__(self) -> str:
-        return f"CodeExecutor(isolation={self.isolation!r}, pool_size={self._pool.size}, python={self.python!r})"
+        return (
+            f"CodeExecutor(isolation={self.isolation!r}, pool_size={self._pool.size}, python={self.python!r}, "
+            f"fork_server={self.fork_server!r})"
+        )
 
-    def _run_on(self, worker: Worker, code: str, stdin: str | bytes, limits: SandboxLimits) -> ExecutionResult:
-        exchange = Exchange(worker, code, stdin, limits)
+    def _execute(
+        self, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, *, batch: bool = False
+    ) -> Exchange:
+        """Run one job to its end on a pooled process (or a fresh one, if none waits or the pooled one was dead)."""
+        run = self._pool.take_pooled(wait_s=_WAIT_FOR_IDLE_S)
+        if run is not None:
+            try:
+                return self._exchange_on(run, code, stdin, limits, batch)
+            except SandboxStartError:
+                # A pooled interpreter died while it waited (e.g. killed from outside): one fresh attempt.
+                logger.warning("a pooled sandbox interpreter was dead; starting a fresh one", exc_info=True)
+        return self._exchange_on(self._pool.start_worker(), code, stdin, limits, batch)
+
+    async def _aexecute(
+        self, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, *, batch: bool = False
+    ) -> Exchange:
+        run = self._pool.take_pooled()
+        if run is None:
+            run = await self._take_when_idle()
+        if run is not None:
+            try:
+                return await self._aexchange_on(run, code, stdin, limits, batch)
+            except SandboxStartError:
+                logger.warning("a pooled sandbox interpreter was dead; starting a fresh one", exc_info=True)
+        started = await self._in_thread(self._pool.start_worker)
+        assert started is not None
+        return await self._aexchange_on(started, code, stdin, limits, batch)
+
+    def _exchange_on(
+        self, run: Run, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, batch: bool
+    ) -> Exchange:
+        exchange = Exchange(run, code, stdin, limits, batch=batch)
         try:
             drive(exchange)
         finally:
-            self._pool.retire(worker)
-        return exchange.result()
+            self._pool.retire(run)
+        exchange.result()  # raises SandboxStartError if the process never took the job
+        return exchange
 
-    async def _arun_on(self, worker: Worker, code: str, stdin: str | bytes, limits: SandboxLimits) -> ExecutionResult:
-        exchange = Exchange(worker, code, stdin, limits)
+    async def _aexchange_on(
+        self, run: Run, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, batch: bool
+    ) -> Exchange:
+        exchange = Exchange(run, code, stdin, limits, batch=batch)
         try:
             await adrive(exchange)
         finally:
-            self._pool.retire(worker)
-        return exchange.result()
+            self._pool.retire(run)
+        exchange.result()
+        return exchange
 
-    async def _start_worker_async(self) -> Worker:
-        # Starting a process blocks for a few milliseconds: do it on a thread. If the caller is cancelled
-        # meanwhile, the worker still starts; discard it instead of leaking the process.
-        future = asyncio.get_running_loop().run_in_executor(None, self._pool.start_worker)
+    async def _take_when_idle(self) -> Run | None:
+        """A run on a pooled fork server that becomes idle within the wait, or None; awaits on the event loop."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _WAIT_FOR_IDLE_S
+        while (remaining := deadline - loop.time()) > 0 and self._pool.busy_or_starting():
+            woken = self._pool.when_idle(loop)
+            try:
+                await asyncio.wait({woken}, timeout=remaining)
+                run = self._pool.take_pooled()
+            finally:
+                # Forget this waiter, or hand its wake-up on if it used none (timed out, cancelled, or another
+                # caller took the process first).
+                self._pool.stop_waiting(woken)
+            if run is not None:
+                return run
+        return None
+
+    async def _in_thread(self, take: Callable[[], Run | None]) -> Run | None:
+        # Waiting for a pooled process or starting one blocks: do it on a thread. If the caller is cancelled
+        # meanwhile, the thread still gets its run; discard it instead of leaking the process.
+        future = asyncio.get_running_loop().run_in_executor(None, take)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            future.add_done_callback(_discard_started_worker)
+            future.add_done_callback(self._discard_started_run)
             raise
 
-
-def _discard_started_worker(future: asyncio.Future[Worker]) -> None:
-    if not future.cancelled() and future.exception() is None:
-        future.result().discard()
+    def _discard_started_run(self, future: asyncio.Future[Run | None]) -> None:
+        run = future.result() if not future.cancelled() and future.exception() is None else None
+        if run is not None:
+            run.stop(kill=True)
+            run.reap()
+            self._pool.retire(run)
 
 
 def _check_code(code: object) -> None:
@@ -214,13 +356,35 @@ def _choose_interpreter(mode: IsolationMode, python: str | None) -> Interpreter:
     return fallback
 
 
+# How long a run waits for a busy fork server to become idle before it starts one of its own, in seconds. A server
+# is usually busy for milliseconds, and under many concurrent runs (an RL generator's episodes) a queue of tens of
+# runs drains in well under this; starting a server instead costs tens of milliseconds of CPU each. The price: a
+# run that arrives while every server runs a long job starts up to this much later.
+_WAIT_FOR_IDLE_S: Final = 0.5
+
+# Standard-library modules that generated code imports most (the lcb env's preamble imports exactly these): the
+# default executor preloads them, so that importing them in a snippet costs nothing.
+DEFAULT_PRELOAD: Final = (
+    "bisect",
+    "collections",
+    "functools",
+    "heapq",
+    "itertools",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "string",
+    "typing",
+)
+
 _default: CodeExecutor | None = None
 _default_pid = -1
 _default_lock = threading.Lock()
 
 
 def get_default_executor() -> CodeExecutor:
-    """The process-wide executor with default settings, created on first use and closed at exit.
+    """The process-wide executor: default settings, :data:`DEFAULT_PRELOAD` preloaded; closed at exit.
 
     Importing the package starts nothing; the first call starts the pool (its thread and interpreters). A
     forked child that calls it gets its own executor.
@@ -228,5 +392,5 @@ def get_default_executor() -> CodeExecutor:
     global _default, _default_pid
     with _default_lock:
         if _default is None or _default.closed or _default_pid != os.getpid():
-            _default, _default_pid = CodeExecutor(), os.getpid()
+            _default, _default_pid = CodeExecutor(preload=DEFAULT_PRELOAD), os.getpid()
         return _default

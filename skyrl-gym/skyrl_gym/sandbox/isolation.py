@@ -20,13 +20,16 @@ In every mode: the interpreter is a separate process started with a clean enviro
 space), CPU time, file size and core dumps are capped with rlimits; the run is killed (its whole process group)
 at the wall-clock timeout or when an output stream exceeds its cap.
 
-When the library runs as root (the usual case in containers) every mode also drops the interpreter to a
-private unprivileged uid/gid before the snippet runs (the bootstrap calls setgroups/setgid/setuid). That is what
+When the library runs as root (the usual case in containers) every mode also switches each run to a private
+unprivileged uid/gid before the snippet runs (setgroups/setgid/setuid: a one-run interpreter at start, a fork
+server's child before the snippet; the server itself stays root and never runs a snippet). That is what
 makes RLIMIT_NPROC effective (the kernel never enforces it for uid 0), what makes host files owned by root
 read-only to the snippet outside bwrap, and what lets the ``unshare`` and ``rlimits`` modes kill every process
 the run left behind, even daemons that left the process group (``kill(-1, SIGKILL)`` as that uid). It also
 lets them remove what the run wrote to the world-writable directories :data:`WORLD_WRITABLE_DIRS`. As a
-non-root caller those guarantees are absent; :func:`isolation_guarantees` lists what holds.
+non-root caller those guarantees are absent; :func:`isolation_guarantees` lists what holds. (Under bwrap a fork
+server's namespaces serve its runs one after another; the server restores them after each run, see
+:mod:`~skyrl_gym.sandbox.forkserver`.)
 """
 
 from __future__ import annotations
@@ -166,13 +169,18 @@ def _probe(mode: IsolationMode) -> str | None:
     return None
 
 
-def bwrap_command(argv: list[str], *, ro_paths: Iterable[str], tmpfs_bytes: int) -> list[str]:
+def bwrap_command(
+    argv: list[str], *, ro_paths: Iterable[str], tmpfs_bytes: int, fork_server: bool = False
+) -> list[str]:
     """The bubblewrap command line that runs ``argv`` (see the module docstring for the resulting view).
 
     Args:
         argv: The command to run inside, e.g. ``[python, "-c", source]``.
         ro_paths: Host directories to make visible read-only at the same path (the interpreter's prefixes).
         tmpfs_bytes: Size cap of each private tmpfs (``/tmp`` and ``/dev/shm``), in bytes.
+        fork_server: ``argv`` is a fork server (see :mod:`~skyrl_gym.sandbox.forkserver`), which restores the
+            sandbox between jobs: it keeps the capabilities to kill and delete whatever a job left, and gets a
+            ``/dev/mqueue`` to check that no POSIX message queue is left.
     """
     command = [
         "bwrap",
@@ -190,6 +198,9 @@ def bwrap_command(argv: list[str], *, ro_paths: Iterable[str], tmpfs_bytes: int)
         # Without a user namespace the sandbox starts as uid 0 with every capability dropped; the bootstrap needs
         # these two to switch to its private uid, after which it holds none.
         command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        if fork_server:
+            # The server stays root between jobs; each job's child drops every capability with its uid switch.
+            command += ["--cap-add", "CAP_KILL", "--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_FOWNER"]
     command += ["--ro-bind", "/usr", "/usr"]
     for link in _USR_LINKS:
         if os.path.islink(link):
@@ -201,6 +212,8 @@ def bwrap_command(argv: list[str], *, ro_paths: Iterable[str], tmpfs_bytes: int)
     command += ["--proc", "/proc", "--dev", "/dev"]
     command += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
     command += ["--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    if fork_server:
+        command += ["--mqueue", "/dev/mqueue"]
     binds = sorted(_outermost(p for p in ro_paths if not _is_within(p, "/usr")))
     command += _parent_dirs([*binds, *_ETC_FILES])
     for path in _ETC_FILES:

@@ -1,31 +1,46 @@
-"""A warm pool of started workers, refilled and cleaned up by one background thread."""
+"""A warm pool of started sandboxed processes, refilled and cleaned up by one background thread.
+
+Two kinds of pool, chosen by ``WorkerConfig.fork_server``:
+
+- one interpreter per run: ``size`` :class:`~skyrl_gym.sandbox.worker.Worker` s wait; each serves one run and is
+  replaced in the background;
+- fork servers: ``size`` :class:`~skyrl_gym.sandbox.forkserver.ForkServer` s, idle or busy; each serves one job at a
+  time and goes back to the pool after a job that left it clean, or is replaced.
+"""
 
 from __future__ import annotations
 
-import collections
+import asyncio
+import contextlib
 import logging
 import os
 import threading
+import time
 from typing import Final
 
 from skyrl_gym.sandbox.errors import ExecutorClosedError, SandboxError
-from skyrl_gym.sandbox.worker import Worker, WorkerConfig
+from skyrl_gym.sandbox.forkserver import ForkedJob, ForkServer
+from skyrl_gym.sandbox.worker import Run, Worker, WorkerConfig
 
 __all__ = ["WorkerPool"]
 
 logger = logging.getLogger(__name__)
 
-# After a failed start the thread waits this long before trying again (callers then start workers themselves
+# After a failed start the thread waits this long before trying again (callers then start processes themselves
 # and see the error directly).
 _RETRY_AFTER_S: Final = 1.0
 
+_Slot = Worker | ForkServer  # what waits in the pool
+_Leftover = Worker | ForkServer | ForkedJob  # what the thread cleans up
+
 
 class WorkerPool:
-    """Keeps ``size`` workers started and ready; each is handed out once and replaced in the background.
+    """Keeps ``size`` sandboxed processes started; hands out runs on them and takes the runs back.
 
-    Ownership: the pool owns its idle workers and one daemon thread, started by the constructor. A worker
-    returned by :meth:`take` belongs to the caller until it is passed back to :meth:`retire`, which cleans it
-    up on the pool's thread. :meth:`close` kills the idle workers and stops the thread; it is idempotent.
+    Ownership: the pool owns its idle processes and one daemon thread, started by the constructor. A run returned
+    by :meth:`take_pooled` or :meth:`start_worker` belongs to the caller until it is passed back to :meth:`retire`;
+    what it leaves is cleaned up on the pool's thread. :meth:`close` kills the idle processes and stops the thread;
+    it is idempotent.
     """
 
     def __init__(self, config: WorkerConfig, size: int) -> None:
@@ -33,66 +48,128 @@ class WorkerPool:
             raise ValueError(f"pool size must be >= 0, got {size}")
         self.config = config
         self.size = size
-        self._ready: collections.deque[Worker] = collections.deque()
-        self._retiring: list[Worker] = []
-        self._cond = threading.Condition()
+        self._ready: list[_Slot] = []
+        self._busy = 0  # the pool's own fork servers, handed out with a job
+        self._starting = 0  # processes the thread is starting for the pool
+        self._retiring: list[_Leftover] = []
+        lock = threading.Lock()
+        # Two conditions on one lock, so that a run going back to the pool wakes only whoever waits for it: the
+        # thread waits for work (leftovers to clean up, a process to start), callers for an idle fork server.
+        self._work = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
+        self._idle_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # asyncio waiters
         self._closed = False
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._maintain, name="skyrl-sandbox-pool", daemon=True)
         self._thread.start()
 
-    def take(self) -> Worker:
-        """A ready (or starting) worker from the pool, or a newly started one when the pool is empty.
+    def take_pooled(self, wait_s: float = 0.0) -> Run | None:
+        """A run on a pooled process, or None when none is idle (never starts a process).
 
-        Raises:
-            ExecutorClosedError: The pool is closed, or was created in another process (before a fork).
-            SandboxStartError: A new worker could not be started.
+        Args:
+            wait_s: Fork servers only: how long to wait for a busy (or starting) server to become idle, in
+                seconds. A server is busy for one job, usually milliseconds, while starting a fresh one costs tens
+                of milliseconds of CPU.
         """
-        worker = self.take_pooled()
-        return worker if worker is not None else self.start_worker()
-
-    def take_pooled(self) -> Worker | None:
-        """A pooled worker, or None when none is waiting (never blocks, never starts a process)."""
-        with self._cond:
+        deadline = time.monotonic() + wait_s
+        with self._idle:
             self._check_open()
-            if not self._ready:
-                return None
-            worker = self._ready.popleft()
-            self._cond.notify_all()
-            return worker
+            while not self._ready:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.config.fork_server or not self._busy + self._starting:
+                    return None
+                self._idle.wait(remaining)
+                self._check_open()
+            # Fork servers: the most recently used first (its memory is warm). Workers: the oldest first.
+            if self.config.fork_server:
+                slot = self._ready.pop()
+                self._busy += 1
+            else:
+                slot = self._ready.pop(0)
+                self._work.notify()  # a worker serves one run: start its replacement
+        return self._open(slot)
 
-    def start_worker(self) -> Worker:
-        """Start a worker outside the pool, on the calling thread (a few milliseconds)."""
+    def busy_or_starting(self) -> bool:
+        """Fork servers only: whether one of the pool's servers is busy or being started (so may become idle)."""
+        with self._work:
+            return self.config.fork_server and not self._closed and self._busy + self._starting > 0
+
+    def when_idle(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future of ``loop`` (call on its thread) that completes when a pooled process may be idle for it.
+
+        Waiters are woken one per idle process, first come first served; a woken waiter must try
+        :meth:`take_pooled` (another caller may be faster) and, if it stops waiting without a run, call
+        :meth:`stop_waiting`.
+        """
+        future = loop.create_future()
+        with self._work:
+            if self._ready or self._closed:
+                future.set_result(None)
+            else:
+                self._idle_futures.append((loop, future))
+        return future
+
+    def stop_waiting(self, future: asyncio.Future[None]) -> None:
+        """The waiter of ``future`` gives up without a run: forget it, or pass its wake-up on to the next waiter."""
+        with self._work:
+            queued = [(loop, f) for loop, f in self._idle_futures if f is not future]
+            if len(queued) < len(self._idle_futures):
+                self._idle_futures = queued
+            elif self._ready:
+                self._wake_idle_waiters()
+
+    def start_worker(self) -> Run:
+        """A run on a process started outside the pool, on the calling thread (tens of milliseconds).
+
+        The process serves this run only: the calling thread may not outlive it (see ``ForkServer``).
+        """
         self._check_open()
-        return Worker(self.config)
+        if not self.config.fork_server:
+            return Worker(self.config)
+        return self._open(ForkServer(self.config))
 
-    def retire(self, worker: Worker) -> None:
-        """Take back a used worker (already reaped) and clean it up on the pool's thread."""
-        with self._cond:
-            if not self._closed:
-                self._retiring.append(worker)
-                self._cond.notify_all()
-                return
-        worker.cleanup()
+    def retire(self, run: Run) -> None:
+        """Take back a finished run (already reaped); its process returns to the pool or is cleaned up."""
+        leftovers: list[_Leftover] = []
+        with self._work:
+            if isinstance(run, ForkedJob):
+                if run.server.long_lived:
+                    self._busy -= 1
+                if run.server_reusable and not self._closed:
+                    self._ready.append(run.server)
+                    self._wake_idle_waiters()
+                else:
+                    leftovers.append(run.server)  # the thread disposes of it (and starts a replacement)
+                if run.needs_cleanup_thread:
+                    leftovers.append(run)
+            else:
+                leftovers.append(run)  # type: ignore[arg-type]
+            if leftovers and not self._closed:
+                self._retiring += leftovers
+                self._work.notify()
+                leftovers = []
+        if isinstance(run, ForkedJob) and not run.needs_cleanup_thread:
+            run.cleanup()  # only gives the uid back: not worth waking the thread
+        for leftover in leftovers:
+            _dispose(leftover)
 
     def close(self) -> None:
-        """Kill the idle workers, clean up retired ones and stop the thread (waits up to a few seconds)."""
-        with self._cond:
+        """Kill the idle processes, clean up retired ones and stop the thread (waits up to a few seconds)."""
+        with self._work:
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify_all()
+            self._work.notify_all()
+            self._wake_idle_waiters(every=True)
         if os.getpid() != self._pid:
-            return  # a forked child: the workers and the thread belong to the parent
+            return  # a forked child: the processes and the thread belong to the parent
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
-        with self._cond:
-            idle, self._ready = list(self._ready), collections.deque()
-            retiring, self._retiring = self._retiring, []
-        for worker in idle:
-            worker.discard()
-        for worker in retiring:
-            worker.cleanup()
+        with self._work:
+            leftovers: list[_Leftover] = [*self._ready, *self._retiring]
+            self._ready, self._retiring = [], []
+        for leftover in leftovers:
+            _dispose(leftover)
 
     @property
     def closed(self) -> bool:
@@ -100,9 +177,22 @@ class WorkerPool:
         return self._closed
 
     def idle_count(self) -> int:
-        """How many started workers are waiting in the pool."""
-        with self._cond:
+        """How many started processes are waiting in the pool."""
+        with self._work:
             return len(self._ready)
+
+    def _open(self, slot: _Slot) -> Run:
+        if isinstance(slot, Worker):
+            return slot
+        try:
+            return slot.open_job()
+        except BaseException:
+            if slot.long_lived:
+                with self._work:
+                    self._busy -= 1
+                    self._work.notify()
+            slot.discard()
+            raise
 
     def _check_open(self) -> None:
         if self._closed:
@@ -112,28 +202,67 @@ class WorkerPool:
 
     def _maintain(self) -> None:
         while True:
-            with self._cond:
-                while not self._closed and not self._retiring and len(self._ready) >= self.size:
-                    self._cond.wait()
+            with self._work:
+                while not self._closed and not self._retiring and not self._wants_more():
+                    self._work.wait()
                 if self._closed:
                     return
                 retiring, self._retiring = self._retiring, []
-                wanted = len(self._ready) < self.size
-            for worker in retiring:
-                worker.cleanup()
+                wanted = self._wants_more()
+            for leftover in retiring:
+                _dispose(leftover)
             if wanted:
                 self._refill_one()
 
+    def _wake_idle_waiters(self, *, every: bool = False) -> None:
+        """A process became idle: wake one waiter (a thread and an asyncio one); ``every``: wake them all.
+
+        Call with the lock held. Woken waiters retry :meth:`take_pooled` themselves.
+        """
+        if every:
+            self._idle.notify_all()
+            woken, self._idle_futures = self._idle_futures, []
+        else:
+            self._idle.notify()
+            woken, self._idle_futures = self._idle_futures[:1], self._idle_futures[1:]
+        for loop, future in woken:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
+                loop.call_soon_threadsafe(_resolve, future)
+
+    def _wants_more(self) -> bool:
+        return len(self._ready) + self._busy + self._starting < self.size
+
     def _refill_one(self) -> None:
+        with self._work:
+            self._starting += 1
         try:
-            worker = Worker(self.config)
+            slot: _Slot = ForkServer(self.config, long_lived=True) if self.config.fork_server else Worker(self.config)
         except (SandboxError, OSError):
             logger.exception("could not start a sandboxed interpreter; retrying in %s s", _RETRY_AFTER_S)
-            with self._cond:
-                self._cond.wait(_RETRY_AFTER_S)
+            with self._work:
+                self._starting -= 1
+                self._wake_idle_waiters(every=True)  # whoever waits for it: start one yourself
+                self._work.wait(_RETRY_AFTER_S)
             return
-        with self._cond:
+        with self._work:
+            self._starting -= 1
             if not self._closed:
-                self._ready.append(worker)
+                self._ready.append(slot)
+                self._wake_idle_waiters()
                 return
-        worker.discard()
+        slot.discard()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _dispose(leftover: _Leftover) -> None:
+    """Clean up what a run left: kill and reap a process that will not serve again, or a job's host residue."""
+    if isinstance(leftover, ForkedJob):
+        leftover.cleanup()
+    elif isinstance(leftover, Worker) and leftover.returncode is not None:
+        leftover.cleanup()  # a used worker: reaped by its run
+    else:
+        leftover.discard()

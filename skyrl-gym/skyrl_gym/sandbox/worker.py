@@ -1,30 +1,28 @@
-"""One pre-started sandboxed interpreter (:class:`Worker`) and the exchange that runs one job on it.
+"""What a sandboxed run runs on: the :class:`Run` contract, and :class:`Worker`, one interpreter per run.
 
-A worker is started, isolation and all, before there is a job for it. Its bootstrap (``_bootstrap.py``) drops to
-the run's uid, imports the configured modules, writes ``R`` on a status pipe and blocks reading a job pipe. A
-run writes the job (rlimits + source) and stdin, reads stdout/stderr until the interpreter exits, and ends by
-killing whatever the run left. A worker serves exactly one job: every run starts from a fresh interpreter.
+A :class:`Run` is one job on a sandboxed process, seen as the descriptors :class:`~skyrl_gym.sandbox.exchange.Exchange`
+drives (job, stdin, stdout, stderr) plus lifecycle descriptors that report *ready* (the process may get the job),
+*started*, *exited* (with a status) and *lost* (the process died without reporting). Two kinds exist:
 
-:class:`Exchange` is that conversation as a state machine over non-blocking file descriptors. It does no
-waiting itself: :func:`drive` (threads) and :func:`adrive` (asyncio) wait for the descriptors it names, so the
-sync and async paths behave identically.
+- :class:`Worker`: an interpreter started, isolation and all, before there is a job for it. Its bootstrap
+  (``_bootstrap.py``) drops to the run's uid, imports the configured modules, writes ``R`` on a status pipe and
+  blocks reading a job pipe. It serves exactly one job and exits.
+- :class:`~skyrl_gym.sandbox.forkserver.ForkedJob`: a job on a long-lived fork server that forks a fresh child
+  for it (see :mod:`skyrl_gym.sandbox.forkserver`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
 import os
-import select
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Literal
 
 from skyrl_gym.sandbox.errors import SandboxStartError
 from skyrl_gym.sandbox.interpreter import Interpreter, bootstrap_text, sandbox_env
@@ -36,19 +34,16 @@ from skyrl_gym.sandbox.isolation import (
     uid_pool,
     unshare_command,
 )
-from skyrl_gym.sandbox.limits import SandboxLimits
-from skyrl_gym.sandbox.result import ExecutionResult
 
-__all__ = ["Exchange", "Worker", "WorkerConfig", "adrive", "drive"]
+__all__ = ["Event", "Run", "Worker", "WorkerConfig", "bootstrap_source", "has_exited", "make_private_dir"]
 
-_READ_CHUNK: Final = 1 << 16
-# After the interpreter exits (or is killed), how long to keep reading pipes that something else still holds.
-_DRAIN_GRACE_S: Final = 1.0
+# What a lifecycle descriptor reported (see Run.on_signal).
+Event = Literal["ready", "started", "exited", "lost"]
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """How workers are started; fixed for a pool. Per-run limits travel with each job instead.
+    """How sandboxed processes are started; fixed for a pool. Per-run limits travel with each job instead.
 
     Attributes:
         mode: Isolation mode (see :mod:`skyrl_gym.sandbox.isolation`).
@@ -57,7 +52,9 @@ class WorkerConfig:
         tmpfs_bytes: bwrap only: size cap of the private ``/tmp`` and ``/dev/shm``, in bytes.
         ro_paths: bwrap only: extra host directories to show read-only.
         env: Extra environment variables for the interpreter.
-        start_timeout_s: Seconds a worker may take to become ready before it counts as failed.
+        start_timeout_s: Seconds a process may take to become ready before it counts as failed.
+        fork_server: Serve runs from long-lived fork servers (:mod:`~skyrl_gym.sandbox.forkserver`) rather than
+            one interpreter per run.
     """
 
     mode: IsolationMode
@@ -67,40 +64,128 @@ class WorkerConfig:
     ro_paths: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     start_timeout_s: float = 30.0
+    fork_server: bool = False
 
     @property
     def private_uid(self) -> bool:
-        """Whether each worker runs as its own uid (only a root caller can arrange that)."""
+        """Whether each run gets its own uid (only a root caller can arrange that)."""
         return running_as_root()
 
 
-def bootstrap_source(*, uid: int, preload: tuple[str, ...], job_fd: int, status_fd: int, depth: int) -> str:
-    """The ``-c`` text of one worker: the bootstrap plus the call that starts it."""
-    call = f"_serve(_pristine, {uid}, {uid}, {preload!r}, {job_fd}, {status_fd}, {depth})\n"
+def bootstrap_source(
+    *,
+    uid: int,
+    preload: tuple[str, ...],
+    job_fd: int,
+    status_fd: int,
+    depth: int,
+    server: tuple[int, bool, tuple[str, ...], bool] | None = None,
+) -> str:
+    """The ``-c`` text of one sandboxed interpreter: the bootstrap plus the call that starts it."""
+    call = f"_serve(_pristine, {uid}, {uid}, {preload!r}, {job_fd}, {status_fd}, {depth}, {server!r})\n"
     return bootstrap_text() + "\n" + call
 
 
-class Worker:
-    """A started sandboxed interpreter that will run at most one job.
+class Run(ABC):
+    """One job on a sandboxed process: the descriptors an Exchange drives, and the process's lifecycle.
+
+    Ownership: the descriptors in ``_fds`` belong to the run and are closed by :meth:`reap`; lifecycle descriptors
+    that :meth:`signal_fds` returns may belong to a longer-lived process (a fork server) and are never closed here.
+    """
+
+    config: WorkerConfig
+    uid: int  # the run's private uid, or -1 (not running as root)
+    job_w: int
+    stdin_w: int
+    stdout_r: int
+    stderr_r: int
+    # Whether start-up output arrives on stdout/stderr (one interpreter per run) before "ready".
+    startup_on_streams: bool = False
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+        # Called with a descriptor just before it is closed (the asyncio driver unregisters it there).
+        self.before_close: Callable[[int], None] | None = None
+
+    @abstractmethod
+    def signal_fds(self) -> list[int]:
+        """Lifecycle descriptors to wait on for reading; empty once the run exited or was lost."""
+
+    @abstractmethod
+    def on_signal(self, fd: int) -> list[Event]:
+        """``fd`` (from :meth:`signal_fds`) is readable: what it reported, in order (nothing, if it was spurious)."""
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether the process has reported ready and the job may be handed over with :meth:`begin`."""
+
+    @abstractmethod
+    def begin(self) -> None:
+        """Hand the job to the ready process. Raises :class:`SandboxStartError` if it is gone."""
+
+    @abstractmethod
+    def stop(self, *, kill: bool) -> None:
+        """End the run's processes: all of them if ``kill``, else (it exited by itself) only what it left."""
+
+    @abstractmethod
+    def reap(self) -> int:
+        """After :meth:`stop` or an exit: collect the run's process, close its descriptors; the exit status.
+
+        Returns:
+            The snippet's exit status, ``-N`` for death by signal N.
+        """
+
+    @abstractmethod
+    def startup_output(self) -> bytes:
+        """What the process printed while starting, for error messages (non-blocking)."""
+
+    def is_open(self, fd: int) -> bool:
+        """Whether ``fd`` is one of the run's own descriptors and still open."""
+        return fd in self._fds
+
+    def close_fd(self, fd: int) -> None:
+        """Close one of the run's descriptors (idempotent)."""
+        if fd in self._fds:
+            if self.before_close is not None:
+                self.before_close(fd)
+            self._fds.remove(fd)
+            os.close(fd)
+
+    def _close_fds(self) -> None:
+        for fd in list(self._fds):
+            self.close_fd(fd)
+
+    def _pipe(self) -> tuple[int, int]:
+        # O_CLOEXEC: a process spawned concurrently on another thread must not inherit this run's pipes, or this
+        # run would never see EOF on them. Popen re-opens pass_fds for its own child only.
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        self._fds += [read_end, write_end]
+        return read_end, write_end
+
+
+class Worker(Run):
+    """A started sandboxed interpreter that will run at most one job (one interpreter per run).
 
     Ownership: the process (and, outside bwrap, its temporary directory and uid) belongs to whoever holds the
-    Worker: the pool while it waits, then the run. The holder must end it with :meth:`kill` + :meth:`reap`, then
+    Worker: the pool while it waits, then the run. The holder must end it with :meth:`stop` + :meth:`reap`, then
     :meth:`cleanup` (which may run later, on another thread).
     """
 
+    startup_on_streams = True
+
     def __init__(self, config: WorkerConfig) -> None:
+        super().__init__()
         self.config = config
         self.uid = uid_pool().acquire() if config.private_uid else -1
         self.tmpdir: str | None = None
-        self._fds: list[int] = []
         self.returncode: int | None = None
-        # Called with a descriptor just before it is closed (the asyncio driver unregisters it there).
-        self.before_close: Callable[[int], None] | None = None
+        self._ready = False
         try:
             self._spawn()
         except BaseException:
             if hasattr(self, "proc"):
-                self.kill()
+                self.stop(kill=True)
                 self.proc.wait()
             self._close_fds()
             self.cleanup()
@@ -127,7 +212,7 @@ class Worker:
             roots = (*config.interpreter.roots, *config.ro_paths)
             argv = bwrap_command(argv, ro_paths=roots, tmpfs_bytes=config.tmpfs_bytes)
         else:
-            home = self.tmpdir = self._make_tmpdir()
+            home = self.tmpdir = make_private_dir(self.uid)
             if config.mode == "unshare":
                 argv = unshare_command(argv)
         try:
@@ -153,39 +238,42 @@ class Worker:
         self.pidfd = os.pidfd_open(self.proc.pid)
         self._fds.append(self.pidfd)
 
-    def _pipe(self) -> tuple[int, int]:
-        # O_CLOEXEC: a worker spawned concurrently on another thread must not inherit this worker's pipes,
-        # or this worker would never see EOF on its job pipe. Popen re-opens pass_fds for its own child only.
-        read_end, write_end = os.pipe2(os.O_CLOEXEC)
-        self._fds += [read_end, write_end]
-        return read_end, write_end
-
-    def _make_tmpdir(self) -> str:
-        path = tempfile.mkdtemp(prefix="skyrl-sandbox-")
-        if self.uid >= 0:
-            os.chown(path, self.uid, self.uid)
-        os.chmod(path, 0o700)
-        return path
-
     @property
     def pid(self) -> int:
         """The pid of the process this library started (bwrap, unshare or the interpreter itself)."""
         return self.proc.pid
 
-    def is_open(self, fd: int) -> bool:
-        """Whether ``fd`` is one of the worker's descriptors and still open."""
-        return fd in self._fds
+    @property
+    def ready(self) -> bool:
+        """Whether the interpreter wrote its ``R``."""
+        return self._ready
 
-    def close_fd(self, fd: int) -> None:
-        """Close one of the worker's descriptors (idempotent)."""
-        if fd in self._fds:
-            if self.before_close is not None:
-                self.before_close(fd)
-            self._fds.remove(fd)
-            os.close(fd)
+    def signal_fds(self) -> list[int]:
+        """The status pipe until ``R`` arrived, and the interpreter's pidfd until it exited."""
+        return [fd for fd in (self.status_r, self.pidfd) if self.is_open(fd)]
 
-    def kill(self) -> None:
-        """SIGKILL every process of the run. Safe to call repeatedly and after the interpreter exited.
+    def on_signal(self, fd: int) -> list[Event]:
+        """``R`` on the status pipe is "ready" (unless the interpreter already died: "lost"); the pidfd, "exited"."""
+        if fd == self.pidfd:
+            self.close_fd(self.pidfd)
+            return ["exited"]
+        try:
+            ready = os.read(self.status_r, 1) == b"R"
+        except BlockingIOError:
+            return []
+        self.close_fd(self.status_r)
+        # Also an interpreter that was ready but died while it waited in the pool (killed from outside): the job
+        # must not be reported as a run that was killed.
+        if not ready or not self.is_open(self.pidfd) or has_exited(self.pidfd):
+            return ["lost"]
+        self._ready = True
+        return ["ready"]
+
+    def begin(self) -> None:
+        """Nothing to hand over: the job pipe already belongs to the interpreter."""
+
+    def stop(self, *, kill: bool) -> None:
+        """SIGKILL every process of the run (also after a normal exit: what it left). Safe to repeat.
 
         The process group goes first (bwrap/unshare and the interpreter share it; in bwrap mode the PID
         namespace dies with bwrap's init). Outside bwrap, with a private uid, a ``kill(-1, SIGKILL)`` as that uid
@@ -196,14 +284,10 @@ class Worker:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         if self.uid >= 0 and self.config.mode != "bwrap":
-            _kill_every_process_of(self.uid, besides=self.proc.pid)
+            kill_every_process_of(self.uid, besides=self.proc.pid)
 
     def reap(self) -> int:
-        """Wait for the started process to exit (after :meth:`kill`, promptly); close all pipes.
-
-        Returns:
-            The interpreter's exit status, ``-N`` for death by signal N.
-        """
+        """Wait for the started process to exit (after :meth:`stop`, promptly); close all pipes."""
         if self.returncode is None:
             raw = self.proc.wait()
             # bwrap reports a child killed by signal N as exit status 128 + N; map it back like subprocess does.
@@ -213,6 +297,10 @@ class Worker:
         self._close_fds()
         return self.returncode
 
+    def startup_output(self) -> bytes:
+        """Nothing besides the streams, which the exchange reads itself."""
+        return b""
+
     def cleanup(self) -> None:
         """Remove what the run left on the host and give its uid back. Call after :meth:`reap`."""
         if self.tmpdir is not None:
@@ -220,24 +308,38 @@ class Worker:
             self.tmpdir = None
         if self.uid >= 0:
             if self.config.mode != "bwrap":
-                # Once more before the uid can be handed out again, in case a fork raced the sweep in kill().
-                _kill_every_process_of(self.uid, besides=self.proc.pid if hasattr(self, "proc") else -1)
-                _remove_files_of(self.uid)
+                # Once more before the uid can be handed out again, in case a fork raced the sweep in stop().
+                kill_every_process_of(self.uid, besides=self.proc.pid if hasattr(self, "proc") else -1)
+                remove_files_of(self.uid)
             uid_pool().release(self.uid)
             self.uid = -1
 
     def discard(self) -> None:
         """Kill, reap and clean up a worker that will not run a job."""
-        self.kill()
+        self.stop(kill=True)
         self.reap()
         self.cleanup()
 
-    def _close_fds(self) -> None:
-        for fd in list(self._fds):
-            self.close_fd(fd)
+
+def has_exited(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has exited (a poll that does not wait)."""
+    import select
+
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
-def _kill_every_process_of(uid: int, *, besides: int) -> None:
+def make_private_dir(uid: int) -> str:
+    """A fresh host directory (mode 0700) for one run, owned by its uid (when >= 0); the caller removes it."""
+    path = tempfile.mkdtemp(prefix="skyrl-sandbox-")
+    if uid >= 0:
+        os.chown(path, uid, uid)
+    os.chmod(path, 0o700)
+    return path
+
+
+def kill_every_process_of(uid: int, *, besides: int) -> None:
     """``kill(-1, SIGKILL)`` as ``uid``: every process of that uid dies, in one atomic sweep of the task list.
 
     Repeated while it still finds processes, in case one was forking during the sweep. ``besides`` is the
@@ -268,7 +370,7 @@ def _has_processes(uid: int, *, besides: int) -> bool:
     return False
 
 
-def _remove_files_of(uid: int) -> None:
+def remove_files_of(uid: int) -> None:
     """Delete the entries owned by ``uid`` at the top of the world-writable directories."""
     for directory in {*WORLD_WRITABLE_DIRS, tempfile.gettempdir()}:
         try:
@@ -283,310 +385,3 @@ def _remove_files_of(uid: int) -> None:
                     shutil.rmtree(entry.path, ignore_errors=True)
                 else:
                     os.unlink(entry.path)
-
-
-class Exchange:
-    """One job on one worker, as a state machine: starting → running → draining → done.
-
-    starting: wait for the worker's ``R`` (bounded by ``start_timeout_s``). Output seen before it belongs to
-        start-up and is only used in error messages; the job is not sent before ``R``, so no snippet output
-        can be mistaken for start-up output.
-    running: send the job and stdin, collect stdout/stderr. Ends when the interpreter exits, at the wall-clock
-        deadline, or when a stream exceeds ``max_output_bytes``; in the last two cases the run is killed.
-    draining: after killing the leftovers, read what is still buffered in the pipes (up to a short grace).
-
-    Handlers take the current ``time.monotonic()`` value; nothing here blocks except the final reap of a process
-    that has already exited or been SIGKILLed.
-    """
-
-    def __init__(self, worker: Worker, code: str, stdin: str | bytes, limits: SandboxLimits) -> None:
-        self.worker = worker
-        self.limits = limits
-        header = limits.rlimit_header(max_processes=worker.uid >= 0)
-        data = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
-        self._outgoing = {
-            worker.job_w: memoryview(header + code.encode("utf-8", "surrogatepass")),
-            worker.stdin_w: memoryview(data),
-        }
-        self._streams = {worker.stdout_r: bytearray(), worker.stderr_r: bytearray()}
-        self._startup_output = bytearray()
-        self._truncated = {worker.stdout_r: False, worker.stderr_r: False}
-        self.phase = "starting"
-        self._deadline: float | None = time.monotonic() + worker.config.start_timeout_s
-        self._started_at: float | None = None
-        self._ended_at: float | None = None
-        self._exited = False
-        self._timed_out = False
-        self._start_error: str | None = None
-        self._result: ExecutionResult | None = None
-
-    # What to wait for -------------------------------------------------------------------------------------------
-
-    def readers(self) -> list[int]:
-        """Descriptors to wait on for reading."""
-        if self.phase == "done":
-            return []
-        fds = list(self._streams_open())
-        if not self._exited:
-            fds.append(self.worker.pidfd)
-        if self.phase == "starting":
-            fds.append(self.worker.status_r)
-        return fds
-
-    def writers(self) -> list[int]:
-        """Descriptors to wait on for writing (only while running)."""
-        return list(self._outgoing) if self.phase == "running" else []
-
-    def deadline(self) -> float | None:
-        """The monotonic time at which :meth:`on_tick` has something to do, or None."""
-        return self._deadline if self.phase != "done" else None
-
-    @property
-    def done(self) -> bool:
-        """Whether the run is over and the worker reaped."""
-        return self.phase == "done"
-
-    # Events ----------------------------------------------------------------------------------------------------
-
-    def on_readable(self, fd: int, now: float) -> None:
-        """``fd`` (one of :meth:`readers`) is readable or closed."""
-        if self.phase == "done" or not self.worker.is_open(fd):
-            return  # a stale event for a descriptor this run already closed
-        if fd == self.worker.pidfd:
-            self._exited = True
-            self._end(now, kill=self.phase in ("starting", "running"))
-        elif fd == self.worker.status_r:
-            self._on_status(now)
-        elif fd in self._streams:
-            self._read_stream(fd, now)
-        self._maybe_finish()
-
-    def on_writable(self, fd: int, now: float) -> None:
-        """``fd`` (one of :meth:`writers`) accepts data or its reader went away."""
-        buffer = self._outgoing.get(fd)
-        if buffer is None or not self.worker.is_open(fd):
-            return
-        try:
-            written = os.write(fd, buffer[:_READ_CHUNK])
-        except BlockingIOError:
-            return
-        except OSError as exc:  # EPIPE: the interpreter exited or closed stdin without reading it all
-            if exc.errno != errno.EPIPE:
-                raise
-            written = len(buffer)
-        self._outgoing[fd] = buffer = buffer[written:]
-        if not buffer:
-            del self._outgoing[fd]
-            self.worker.close_fd(fd)  # EOF: the job is complete / stdin ends
-
-    def on_tick(self, now: float) -> None:
-        """Act on an expired deadline, if any. Call after each wait."""
-        if self._deadline is None or now < self._deadline or self.phase == "done":
-            return
-        if self.phase == "starting":
-            self._start_error = f"the sandboxed interpreter was not ready after {self.worker.config.start_timeout_s} s"
-            self._end(now, kill=True)
-        elif self.phase == "running":
-            self._timed_out = True
-            self._end(now, kill=True)
-        else:  # draining: something outside our reach still holds a pipe; stop reading it
-            self._finish()
-        self._maybe_finish()
-
-    def abort(self) -> None:
-        """Stop the run now (the caller was cancelled): kill, reap and close. The result is never read."""
-        self.worker.kill()
-        self.worker.reap()
-        self.phase = "done"
-
-    # Outcome ---------------------------------------------------------------------------------------------------
-
-    def result(self) -> ExecutionResult:
-        """The outcome, once :attr:`done`.
-
-        Raises:
-            SandboxStartError: The interpreter died or hung before it was ready.
-        """
-        assert self._result is not None or self._start_error is not None, "result() before the run is done"
-        if self._result is None:
-            output = bytes(self._startup_output + self._streams[self.worker.stderr_r]).decode(errors="replace")
-            raise SandboxStartError(f"{self._start_error}; its output: {output.strip()!r}")
-        return self._result
-
-    # Internals -------------------------------------------------------------------------------------------------
-
-    def _streams_open(self) -> list[int]:
-        return [fd for fd in self._streams if self.worker.is_open(fd)]
-
-    def _on_status(self, now: float) -> None:
-        try:
-            ready = os.read(self.worker.status_r, 1) == b"R"
-        except BlockingIOError:
-            return
-        self.worker.close_fd(self.worker.status_r)
-        if not ready or _has_exited(self.worker.pidfd):
-            # Also an interpreter that was ready but died while it waited in the pool (killed from outside):
-            # the job must not be reported as a run that was killed.
-            self._start_error = "the sandboxed interpreter exited before it got the job"
-            self._end(now, kill=True)
-            return
-        # Whatever start-up wrote is already in the pipes (writes complete before the R was written).
-        for fd in self._streams:
-            self._read_stream(fd, now, startup=True)
-        self.phase = "running"
-        self._started_at = now
-        self._deadline = now + self.limits.timeout_s
-
-    def _read_stream(self, fd: int, now: float, *, startup: bool = False) -> None:
-        while self.worker.is_open(fd):
-            try:
-                chunk = os.read(fd, _READ_CHUNK)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self.worker.close_fd(fd)
-                return
-            if startup or self.phase == "starting":
-                self._startup_output += chunk
-                continue
-            self._keep(fd, chunk, now)
-
-    def _keep(self, fd: int, chunk: bytes, now: float) -> None:
-        buffer, cap = self._streams[fd], self.limits.max_output_bytes
-        room = cap - len(buffer)
-        if len(chunk) > room and self.phase in ("starting", "running"):
-            self._truncated[fd] = True
-            buffer += chunk[: max(room, 0)]
-            self._end(now, kill=True)
-        elif room > 0:
-            buffer += chunk[:room]
-
-    def _end(self, now: float, *, kill: bool) -> None:
-        """Leave starting/running: stop the clock, kill the leftovers, and drain the pipes."""
-        if self.phase in ("starting", "running"):
-            if self.phase == "starting" and self._start_error is None:
-                self._start_error = "the sandboxed interpreter exited before it was ready"
-            self._ended_at = now
-            self.phase = "draining"
-            self._deadline = now + _DRAIN_GRACE_S
-            for fd in list(self._outgoing):
-                self.worker.close_fd(fd)
-            self._outgoing.clear()
-        if kill:
-            self.worker.kill()
-
-    def _maybe_finish(self) -> None:
-        if self.phase == "draining" and self._exited and not self._streams_open():
-            self._finish()
-
-    def _finish(self) -> None:
-        exit_code = self.worker.reap()
-        self.phase = "done"
-        if self._start_error is not None:
-            return
-        assert self._started_at is not None
-        assert self._ended_at is not None
-        out, err = self._streams[self.worker.stdout_r], self._streams[self.worker.stderr_r]
-        self._result = ExecutionResult(
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
-            exit_code=exit_code,
-            timed_out=self._timed_out,
-            stdout_truncated=self._truncated[self.worker.stdout_r],
-            stderr_truncated=self._truncated[self.worker.stderr_r],
-            duration_s=self._ended_at - self._started_at,
-            isolation=self.worker.config.mode,
-        )
-
-
-def _has_exited(pidfd: int) -> bool:
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
-
-
-def drive(exchange: Exchange) -> None:
-    """Run ``exchange`` to completion on this thread (poll(2) on its descriptors)."""
-    try:
-        while not exchange.done:
-            poller = select.poll()
-            readers, writers = exchange.readers(), exchange.writers()
-            for fd in readers:
-                poller.register(fd, select.POLLIN)
-            for fd in writers:
-                poller.register(fd, select.POLLOUT)
-            deadline = exchange.deadline()
-            timeout_ms = None if deadline is None else max(0.0, (deadline - time.monotonic()) * 1000)
-            events = poller.poll(timeout_ms)
-            now = time.monotonic()
-            for fd, _mask in events:
-                # Any event (data, hang-up, error) means "try the operation"; the handlers tell them apart and
-                # ignore descriptors an earlier event of this batch closed.
-                if fd in readers:
-                    exchange.on_readable(fd, now)
-                elif fd in writers:
-                    exchange.on_writable(fd, now)
-            exchange.on_tick(now)
-    finally:
-        if not exchange.done:
-            exchange.abort()
-
-
-async def adrive(exchange: Exchange) -> None:
-    """Run ``exchange`` to completion on the running event loop (its reader/writer callbacks).
-
-    Cancellation kills the run and reaps its process before the CancelledError propagates.
-    """
-    loop = asyncio.get_running_loop()
-    wakeup = asyncio.Event()
-    watched_r: set[int] = set()
-    watched_w: set[int] = set()
-
-    def readable(fd: int) -> None:
-        exchange.on_readable(fd, time.monotonic())
-        wakeup.set()
-
-    def writable(fd: int) -> None:
-        exchange.on_writable(fd, time.monotonic())
-        wakeup.set()
-
-    def unwatch(fd: int) -> None:
-        # The selector must forget a descriptor before it is closed: its number may be reused at once.
-        if fd in watched_r:
-            watched_r.discard(fd)
-            loop.remove_reader(fd)
-        if fd in watched_w:
-            watched_w.discard(fd)
-            loop.remove_writer(fd)
-
-    def sync_watches() -> None:
-        wanted_r, wanted_w = set(exchange.readers()), set(exchange.writers())
-        for fd in watched_r - wanted_r:
-            loop.remove_reader(fd)
-        for fd in wanted_r - watched_r:
-            loop.add_reader(fd, readable, fd)
-        for fd in watched_w - wanted_w:
-            loop.remove_writer(fd)
-        for fd in wanted_w - watched_w:
-            loop.add_writer(fd, writable, fd)
-        watched_r.clear()
-        watched_r.update(wanted_r)
-        watched_w.clear()
-        watched_w.update(wanted_w)
-
-    exchange.worker.before_close = unwatch
-    try:
-        while not exchange.done:
-            sync_watches()
-            deadline = exchange.deadline()
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout)
-            wakeup.clear()
-            exchange.on_tick(time.monotonic())
-    finally:
-        for fd in [*watched_r, *watched_w]:
-            unwatch(fd)
-        if not exchange.done:
-            exchange.abort()
-        exchange.worker.before_close = None

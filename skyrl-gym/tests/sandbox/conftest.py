@@ -2,7 +2,8 @@
 
 Every executor here keeps a pool of two interpreters (the machines have two cores). After each test that
 uses one, the executor is closed and the test fails if any process of the sandbox's uids, or any temporary
-directory it created, is left on the host.
+directory it created, is left on the host. Tests of guarantees run in every isolation mode this machine has, each
+with fork servers (where supported) and with one interpreter per run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from skyrl_gym.sandbox import CodeExecutor, SandboxLimits
 from skyrl_gym.sandbox.errors import SandboxUnavailableError
+from skyrl_gym.sandbox.forkserver import fork_server_supported
 from skyrl_gym.sandbox.isolation import MODES, IsolationMode, check_mode, isolation_mode, uid_pool
 
 POOL_SIZE = 2
@@ -32,6 +34,20 @@ def available_modes() -> list[IsolationMode]:
         with contextlib.suppress(SandboxUnavailableError):
             modes.append(check_mode(mode))
     return modes
+
+
+def launchers() -> list[bool]:
+    """The ``fork_server`` values to test: fork servers where supported, and one interpreter per run."""
+    return [True, False] if fork_server_supported() else [False]
+
+
+def mode_launchers() -> list[pytest.param]:  # type: ignore[valid-type]
+    """Every (isolation mode, fork_server) pair this machine supports, with readable ids."""
+    return [
+        pytest.param((mode, fork), id=f"{mode}-{'fork' if fork else 'per-run'}")
+        for mode in available_modes()
+        for fork in launchers()
+    ]
 
 
 def sandbox_processes() -> list[int]:
@@ -80,10 +96,10 @@ def assert_healthy(executor: CodeExecutor) -> None:
 
 
 @contextlib.contextmanager
-def checked_executor(**kwargs: object) -> Iterator[CodeExecutor]:
+def checked_executor(pool_size: int = POOL_SIZE, **kwargs: object) -> Iterator[CodeExecutor]:
     """An executor that is closed afterwards, with a check that it left nothing behind."""
     before = sandbox_tmpdirs()
-    executor = CodeExecutor(pool_size=POOL_SIZE, **kwargs)  # type: ignore[arg-type]
+    executor = CodeExecutor(pool_size=pool_size, **kwargs)  # type: ignore[arg-type]
     try:
         yield executor
     finally:
@@ -136,14 +152,39 @@ def shared_executor() -> Iterator[CodeExecutor]:
         yield executor
 
 
-@pytest.fixture(params=available_modes())
+@pytest.fixture(scope="module", params=launchers(), ids=lambda fork: "fork" if fork else "per-run")
+def launcher_shared_executor(request: pytest.FixtureRequest) -> Iterator[CodeExecutor]:
+    """Like ``shared_executor``, once with fork servers and once with one interpreter per run."""
+    with checked_executor(fork_server=request.param) as executor:
+        yield executor
+
+
+@pytest.fixture(params=mode_launchers())
 def mode_executor(request: pytest.FixtureRequest) -> Iterator[CodeExecutor]:
-    """A fresh executor in each isolation mode available here, with short limits for attacks."""
+    """A fresh executor in each isolation mode and launcher available here, with short limits for attacks."""
+    mode, fork_server = request.param
     limits = SandboxLimits(timeout_s=2.0, memory_mb=512, max_processes=16, max_output_bytes=64 * 1024)
-    with checked_executor(limits=limits, isolation=request.param) as executor:
+    with checked_executor(limits=limits, isolation=mode, fork_server=fork_server) as executor:
+        yield executor
+
+
+@pytest.fixture(params=launchers(), ids=lambda fork: "fork" if fork else "per-run")
+def launcher_executor(request: pytest.FixtureRequest) -> Iterator[CodeExecutor]:
+    """A fresh executor of the default isolation mode, with fork servers and with one interpreter per run."""
+    with checked_executor(fork_server=request.param) as executor:
         yield executor
 
 
 @pytest.fixture
 def default_mode() -> IsolationMode:
     return isolation_mode()
+
+
+@pytest.fixture(params=available_modes())
+def one_server(request: pytest.FixtureRequest) -> Iterator[CodeExecutor]:
+    """An executor with a single fork server, in each isolation mode available here (fork servers only)."""
+    if not fork_server_supported():
+        pytest.skip("fork servers need a root caller")
+    limits = SandboxLimits(timeout_s=2.0, memory_mb=512, max_processes=16)
+    with checked_executor(pool_size=1, limits=limits, isolation=request.param, fork_server=True) as executor:
+        yield executor

@@ -1,4 +1,7 @@
-"""A sandboxed run reports exactly what ``python -c CODE`` reports: stdout, stderr and exit status, byte for byte."""
+"""A sandboxed run reports exactly what ``python -c CODE`` reports: stdout, stderr and exit status, byte for byte.
+
+Checked with fork servers and with one interpreter per run, and for each input of ``run_many`` too.
+"""
 
 from __future__ import annotations
 
@@ -61,10 +64,10 @@ def python_c(executor: CodeExecutor, code: str, stdin: str) -> subprocess.Comple
 
 
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
-def test_run_matches_python_c_byte_for_byte(shared_executor: CodeExecutor, name: str) -> None:
+def test_run_matches_python_c_byte_for_byte(launcher_shared_executor: CodeExecutor, name: str) -> None:
     code = SNIPPETS[name]
-    expected = python_c(shared_executor, code, STDIN)
-    result = shared_executor.run(code, stdin=STDIN)
+    expected = python_c(launcher_shared_executor, code, STDIN)
+    result = launcher_shared_executor.run(code, stdin=STDIN)
     assert result.stdout.encode() == expected.stdout
     assert result.stderr.encode() == expected.stderr
     assert result.exit_code == expected.returncode
@@ -72,8 +75,21 @@ def test_run_matches_python_c_byte_for_byte(shared_executor: CodeExecutor, name:
     assert not result.truncated
 
 
-def test_traceback_shows_only_user_frames(shared_executor: CodeExecutor) -> None:
-    result = shared_executor.run("def a():\n    b()\ndef b():\n    raise ValueError('deep')\na()")
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_run_many_matches_python_c_byte_for_byte(launcher_shared_executor: CodeExecutor, name: str) -> None:
+    code = SNIPPETS[name]
+    expected = python_c(launcher_shared_executor, code, STDIN)
+    results = launcher_shared_executor.run_many(code, [STDIN, STDIN])
+    for result in results:
+        assert result.stdout.encode() == expected.stdout
+        assert result.stderr.encode() == expected.stderr
+        assert result.exit_code == expected.returncode
+        assert not result.killed
+    assert len(results) == 2
+
+
+def test_traceback_shows_only_user_frames(launcher_shared_executor: CodeExecutor) -> None:
+    result = launcher_shared_executor.run("def a():\n    b()\ndef b():\n    raise ValueError('deep')\na()")
     assert result.stderr == (
         "Traceback (most recent call last):\n"
         '  File "<string>", line 5, in <module>\n'
@@ -84,36 +100,36 @@ def test_traceback_shows_only_user_frames(shared_executor: CodeExecutor) -> None
     assert result.exit_code == 1
 
 
-def test_syntax_error_has_no_traceback_header(shared_executor: CodeExecutor) -> None:
-    result = shared_executor.run("print('unclosed'")
+def test_syntax_error_has_no_traceback_header(launcher_shared_executor: CodeExecutor) -> None:
+    result = launcher_shared_executor.run("print('unclosed'")
     assert not result.stderr.startswith("Traceback")
     assert result.stderr.startswith('  File "<string>", line 1\n')
     assert "SyntaxError" in result.stderr
 
 
-def test_exit_codes(shared_executor: CodeExecutor) -> None:
-    assert shared_executor.run("import sys; sys.exit(3)").exit_code == 3
-    assert shared_executor.run("import sys; sys.exit(0)").exit_code == 0
-    assert shared_executor.run("import os; os._exit(7)").exit_code == 7
-    killed = shared_executor.run("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+def test_exit_codes(launcher_shared_executor: CodeExecutor) -> None:
+    assert launcher_shared_executor.run("import sys; sys.exit(3)").exit_code == 3
+    assert launcher_shared_executor.run("import sys; sys.exit(0)").exit_code == 0
+    assert launcher_shared_executor.run("import os; os._exit(7)").exit_code == 7
+    killed = launcher_shared_executor.run("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
     assert killed.exit_code == -15
     assert not killed.timed_out
 
 
-def test_stdin_as_bytes(shared_executor: CodeExecutor) -> None:
-    result = shared_executor.run("import sys; print(sys.stdin.buffer.read())", stdin=b"\x00\xffraw")
+def test_stdin_as_bytes(launcher_shared_executor: CodeExecutor) -> None:
+    result = launcher_shared_executor.run("import sys; print(sys.stdin.buffer.read())", stdin=b"\x00\xffraw")
     assert result.stdout == "b'\\x00\\xffraw'\n"
 
 
-def test_large_stdin_and_output(shared_executor: CodeExecutor) -> None:
+def test_large_stdin_and_output(launcher_shared_executor: CodeExecutor) -> None:
     # Larger than a pipe buffer in both directions: the exchange must write and read at the same time.
     data = "".join(f"{i}\n" for i in range(100_000))
-    result = shared_executor.run("import sys\nfor line in sys.stdin:\n    print(line, end='')", stdin=data)
+    result = launcher_shared_executor.run("import sys\nfor line in sys.stdin:\n    print(line, end='')", stdin=data)
     assert result.stdout == data
     assert result.exit_code == 0
 
 
-def test_unread_stdin_does_not_block(shared_executor: CodeExecutor) -> None:
-    result = shared_executor.run("print('ignored stdin')", stdin="x" * 1_000_000)
+def test_unread_stdin_does_not_block(launcher_shared_executor: CodeExecutor) -> None:
+    result = launcher_shared_executor.run("print('ignored stdin')", stdin="x" * 1_000_000)
     assert result.stdout == "ignored stdin\n"
     assert result.exit_code == 0

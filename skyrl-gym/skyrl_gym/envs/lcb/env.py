@@ -12,31 +12,26 @@ when all tests pass and ``0.0`` otherwise, including when the answer has no code
   :func:`~skyrl_gym.envs.lcb.utils.build_functional_harness` and compare the JSON result with
   :func:`~skyrl_gym.envs.lcb.utils.json_outputs_match`.
 
-How the tests run. All tests of an episode run in one sandboxed run of a :class:`~skyrl_gym.sandbox.CodeExecutor`:
-a small *batch runner* (the ``_sandbox_*`` functions below, whose source is sent into the sandbox) forks a clean
-child per test from a parent that already imported the preamble's modules, gives it the test input on stdin,
-collects its stdout, and stops at the first test that crashes, times out or floods its output. Each child runs
-under the per-test wall-clock timeout, the memory limit and the output cap; the sandbox contains whatever the
-code does (fork bombs, daemons, files). One interpreter start per episode instead of one per test is what makes
-the env fast. The expected outputs never enter the sandbox: outputs are compared here, so the code under test
-cannot read the answers from its runner's memory.
+How the tests run. The tests of an episode run as one batch of :meth:`skyrl_gym.sandbox.CodeExecutor.run_many`
+(one batch per run of consecutive tests that share a program: all of them, unless stdin and functional tests are
+mixed): one sandboxed run imports the preamble once, then forks a fresh process per test, which runs the program
+like ``python -c`` with the test input on stdin, under the per-test wall-clock timeout, the memory limit and the
+output cap; the batch stops at the first test that crashes, times out or floods its output. The sandbox contains
+whatever the code does (fork bombs, daemons, files). The expected outputs never enter the sandbox: outputs are
+compared here, so the code under test cannot read the answers.
 
 The reward equals that of stopping at the first failed test (as skyrl-gym 0.4 did): a test that exits normally
-with a wrong answer does not stop the runner (it cannot know), so later tests still run and are reported.
+with a wrong answer does not stop the batch (the sandbox cannot know), so later tests still run and are reported.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-import functools
-import inspect
 import json
 import math
 import signal
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal
 
 from skyrl_gym.config import config_get
 from skyrl_gym.envs._extras import ground_truth
@@ -51,19 +46,12 @@ from skyrl_gym.envs.lcb.utils import (
 )
 from skyrl_gym.sandbox import CodeExecutor, ExecutionResult, SandboxLimits, get_default_executor
 
-if TYPE_CHECKING:
-    import types
-
-__all__ = ["LCBEnv", "LCBEnvConfig", "LCBTest", "TestOutcome", "grade_reports", "parse_tests"]
+__all__ = ["LCBEnv", "LCBEnvConfig", "LCBTest", "TestOutcome", "grade_results", "parse_tests"]
 
 _MIB = 1 << 20
-# Room the runner needs besides the tests' own output: its JSON framing and stderr tails.
-_REPORT_SLACK_BYTES = 64 << 10
-# The stdout of all tests together may be at most this many times ``max_output_mb``: it all comes back to this
-# process, so many tests that each flood up to the per-test cap must not add up to gigabytes.
+# The output (stdout and stderr) of all tests together may be at most this many times ``max_output_mb``: it all
+# comes back to this process, so many tests that each flood up to the per-test cap must not add up to gigabytes.
 _TOTAL_OUTPUT_FACTOR = 4
-# How much of a failed test's stderr comes back (enough for the end of a traceback).
-_STDERR_TAIL_BYTES = 4096
 _SIGNALS = frozenset(int(sig) for sig in signal.Signals)
 
 
@@ -116,8 +104,9 @@ class LCBTest:
 class TestOutcome:
     """What happened to one test: ``status`` is ``"pass"``, ``"fail"`` or ``"skipped"`` (not run).
 
-    ``reason`` says why a test failed: ``"wrong answer"``, ``"runtime error: <last traceback line>"``,
-    ``"timeout (6.0 s)"``, ``"output limit exceeded (16 MiB a test, 64 MiB in all)"`` or a sandbox failure.
+    ``reason`` says why a test failed: ``"wrong answer"``, ``"runtime error: <last traceback line>"`` (or
+    ``"runtime error: killed by SIGKILL"`` and the like), ``"timeout (6.0 s)"``, ``"timeout (CPU time limit)"``,
+    ``"output limit exceeded (16 MiB a test, 64 MiB in all)"``, or ``"the sandbox stopped before this test"``.
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -207,9 +196,21 @@ class LCBEnv(BaseTextEnv):
         code = _code_of(action)
         if code is None:
             return self._output(None, [TestOutcome("skipped")] * len(self.tests))
-        job, limits = self._job(code)
-        result = self._get_executor().run(_runner_source(), stdin=job, limits=limits)
-        return self._output(code, grade_reports(self.tests, result, self.config))
+        executor, limits = self._get_executor(), self._limits()
+        results: list[ExecutionResult] = []
+        for setup, program, inputs in _batches(self.tests, code):
+            batch = executor.run_many(
+                program,
+                inputs,
+                limits,
+                setup=setup,
+                stop_on_failure=True,
+                max_total_output_bytes=self._output_left(results),
+            )
+            results += batch
+            if len(batch) < len(inputs) or not batch[-1].ok:
+                break  # a test crashed, timed out or flooded: the batch stopped there, and so do the tests
+        return self._output(code, grade_results(self.tests, results, self.config))
 
     async def astep(self, action: str) -> BaseTextEnvStepOutput:
         """The asyncio twin of :meth:`step`: awaits the sandbox on the event loop, never blocks it."""
@@ -217,46 +218,38 @@ class LCBEnv(BaseTextEnv):
         code = _code_of(action)
         if code is None:
             return self._output(None, [TestOutcome("skipped")] * len(self.tests))
-        job, limits = self._job(code)
-        result = await self._get_executor().arun(_runner_source(), stdin=job, limits=limits)
-        return self._output(code, grade_reports(self.tests, result, self.config))
+        executor, limits = self._get_executor(), self._limits()
+        results: list[ExecutionResult] = []
+        for setup, program, inputs in _batches(self.tests, code):
+            batch = await executor.arun_many(
+                program,
+                inputs,
+                limits,
+                setup=setup,
+                stop_on_failure=True,
+                max_total_output_bytes=self._output_left(results),
+            )
+            results += batch
+            if len(batch) < len(inputs) or not batch[-1].ok:
+                break
+        return self._output(code, grade_results(self.tests, results, self.config))
 
     def _get_executor(self) -> CodeExecutor:
         return self._executor if self._executor is not None else get_default_executor()
 
-    def _job(self, code: str) -> tuple[str, SandboxLimits]:
-        """The batch runner's job (JSON for its stdin) and the limits of its sandboxed run."""
-        programs: dict[tuple[str, str], int] = {}
-        tests: list[tuple[int, str]] = []
-        for test in self.tests:
-            if test.testtype == "stdin":
-                program = (IMPORT_PREAMBLE, unwrap_main_guard(code))
-            else:  # the harness runs the preamble itself, and reads the arguments from stdin
-                program = ("", build_functional_harness(code, test.func_name or ""))
-            tests.append((programs.setdefault(program, len(programs)), test.input))
-        cap = self.config.max_output_mb * _MIB
-        job = {
-            "warmup": IMPORT_PREAMBLE,
-            "programs": [{"prelude": prelude, "source": source} for prelude, source in programs],
-            "tests": tests,
-            "timeout_s": float(self.config.timeout),
-            "output_cap": cap,
-            "total_output_cap": cap * _TOTAL_OUTPUT_FACTOR,
-            "stderr_tail_bytes": _STDERR_TAIL_BYTES,
-        }
-        largest_input_mb = max(len(test.input) for test in self.tests) * 4 // _MIB + 1  # UTF-8: <= 4 bytes a char
-        limits = SandboxLimits(
-            # skyrl-gym 0.4's overall deadline for a problem: (timeout + 1) per test, plus 5.
-            timeout_s=(self.config.timeout + 1) * len(self.tests) + 5,
+    def _limits(self) -> SandboxLimits:
+        """The limits of each test's run."""
+        return SandboxLimits(
+            timeout_s=self.config.timeout,
             memory_mb=self.config.memory_mb,
-            cpu_s=self.config.timeout + 1,  # per process, so per test: a backstop behind the wall-clock timeout
-            # Base64 makes 4 bytes of 3; a stderr tail may take 6 bytes a byte as JSON escapes.
-            max_output_bytes=math.ceil(cap * _TOTAL_OUTPUT_FACTOR * 4 / 3)
-            + len(tests) * _STDERR_TAIL_BYTES * 6
-            + _REPORT_SLACK_BYTES,
-            max_file_mb=max(64, self.config.max_output_mb + 1, largest_input_mb),
+            cpu_s=self.config.timeout + 1,  # per process: a backstop behind the wall-clock timeout
+            max_output_bytes=self.config.max_output_mb * _MIB,
         )
-        return json.dumps(job), limits
+
+    def _output_left(self, results: Sequence[ExecutionResult]) -> int:
+        """What is left of the output budget of all tests after ``results`` (bytes, as decoded text: close)."""
+        used = sum(len(r.stdout.encode(errors="replace")) + len(r.stderr.encode(errors="replace")) for r in results)
+        return max(0, self.config.max_output_mb * _MIB * _TOTAL_OUTPUT_FACTOR - used)
 
     def _output(self, code: str | None, outcomes: Sequence[TestOutcome]) -> BaseTextEnvStepOutput:
         """The final step's output: reward 1.0 iff every test passed; metadata summarises the tests.
@@ -306,74 +299,62 @@ def _code_of(action: object) -> str | None:
     return extract_code_block(action) if isinstance(action, str) else None
 
 
-def grade_reports(tests: Sequence[LCBTest], result: ExecutionResult, config: LCBEnvConfig) -> list[TestOutcome]:
-    """Turn the batch runner's sandboxed run into one :class:`TestOutcome` per test, comparing outputs here.
+def _batches(tests: Sequence[LCBTest], code: str) -> list[tuple[str, str, list[str]]]:
+    """``(setup, program, inputs)`` per run of consecutive tests that share a program, in test order.
 
-    A test after the first failure that has no report is ``"skipped"``; without any report at all (the runner
-    was killed, e.g. by the code under test), every test fails with the sandbox's reason.
+    A stdin test runs the code (main guard unwrapped) after the preamble; a functional test runs the harness for its
+    function, which runs the preamble itself and reads the arguments from stdin.
     """
-    reports = _parse_reports(result)
-    if reports is None:
-        return [TestOutcome("fail", _sandbox_failure(result))] * len(tests)
+    batches: list[tuple[str, str, list[str]]] = []
+    for test in tests:
+        if test.testtype == "stdin":
+            setup, program = IMPORT_PREAMBLE, unwrap_main_guard(code)
+        else:
+            setup, program = "", build_functional_harness(code, test.func_name or "")
+        if batches and batches[-1][:2] == (setup, program):
+            batches[-1][2].append(test.input)
+        else:
+            batches.append((setup, program, [test.input]))
+    return batches
+
+
+def grade_results(
+    tests: Sequence[LCBTest], results: Sequence[ExecutionResult], config: LCBEnvConfig
+) -> list[TestOutcome]:
+    """One :class:`TestOutcome` per test from the results of the tests that ran (in order), comparing outputs here.
+
+    A test without a result after a failed one is ``"skipped"``; one without a result otherwise failed because
+    the sandbox stopped early.
+    """
     outcomes: list[TestOutcome] = []
     for index, test in enumerate(tests):
-        if index < len(reports):
-            outcomes.append(_outcome(test, reports[index], config))
+        if index < len(results):
+            outcomes.append(_outcome(test, results[index], config))
         elif any(outcome.status == "fail" for outcome in outcomes):
             outcomes.append(TestOutcome("skipped"))
-        else:  # the runner stopped early without a failure: it was cut off
-            outcomes.append(TestOutcome("fail", _sandbox_failure(result)))
+        else:
+            outcomes.append(TestOutcome("fail", "the sandbox stopped before this test"))
     return outcomes
 
 
-def _parse_reports(result: ExecutionResult) -> list[dict[str, Any]] | None:
-    """The runner's per-test reports (its last line of output), or None if it did not finish cleanly."""
-    if not result.ok:
-        return None
-    lines = result.stdout.rstrip("\n").rsplit("\n", 1)
-    try:
-        reports = json.loads(lines[-1])
-    except ValueError:
-        return None
-    if not isinstance(reports, list) or not all(isinstance(report, dict) for report in reports):
-        return None
-    return reports
-
-
-def _sandbox_failure(result: ExecutionResult) -> str:
+def _outcome(test: LCBTest, result: ExecutionResult, config: LCBEnvConfig) -> TestOutcome:
+    """One test's outcome from its run: timeout, output cap or crash first, else compare the output."""
     if result.timed_out:
-        return "timeout (the whole run hit its deadline)"
-    if result.truncated:
-        return "output limit exceeded"
-    # Usually the code under test killed its runner; the sandbox itself failing raises instead.
-    reason = f"the test runner died (exit status {result.exit_code})"
-    last = _last_line(result.stderr)
-    return f"{reason}: {last}" if last else reason
-
-
-def _outcome(test: LCBTest, report: Mapping[str, Any], config: LCBEnvConfig) -> TestOutcome:
-    """One test's outcome from its report: crash, timeout or output cap first, else compare the output."""
-    exit_code = report.get("exit_code")
-    if report.get("timed_out"):
         return TestOutcome("fail", f"timeout ({config.timeout} s)")
-    if report.get("output_exceeded"):
+    if result.truncated:
         mb = config.max_output_mb
         return TestOutcome("fail", f"output limit exceeded ({mb} MiB a test, {mb * _TOTAL_OUTPUT_FACTOR} MiB in all)")
-    if exit_code != 0:
-        return TestOutcome("fail", _runtime_error(exit_code, str(report.get("stderr_tail", ""))))
-    try:
-        stdout = base64.b64decode(str(report.get("stdout", "")), validate=True).decode("utf-8", errors="replace")
-    except (binascii.Error, ValueError):
-        return TestOutcome("fail", "sandbox error: malformed test report")
+    if result.exit_code != 0:
+        return TestOutcome("fail", _runtime_error(result.exit_code, result.stderr))
     match = outputs_match if test.testtype == "stdin" else json_outputs_match
-    return TestOutcome("pass") if match(test.output, stdout) else TestOutcome("fail", "wrong answer")
+    return TestOutcome("pass") if match(test.output, result.stdout) else TestOutcome("fail", "wrong answer")
 
 
-def _runtime_error(exit_code: object, stderr_tail: str) -> str:
-    last = _last_line(stderr_tail)
+def _runtime_error(exit_code: int, stderr: str) -> str:
+    last = _last_line(stderr)
     if exit_code == -signal.SIGXCPU:
         return "timeout (CPU time limit)"
-    if isinstance(exit_code, int) and exit_code < 0:
+    if exit_code < 0:
         return f"runtime error: killed by {signal.Signals(-exit_code).name if -exit_code in _SIGNALS else -exit_code}"
     return f"runtime error: {last}" if last else f"runtime error: exit status {exit_code}"
 
@@ -381,235 +362,3 @@ def _runtime_error(exit_code: object, stderr_tail: str) -> str:
 def _last_line(text: str, limit: int = 300) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:limit] if lines else ""
-
-
-# --- The batch runner ------------------------------------------------------------------------------------------------
-# The functions below run inside the sandbox, not here: their source is sent as the program of a sandboxed run, so
-# each imports what it needs itself and uses nothing else of this module. The job arrives as JSON on stdin; the
-# report is one JSON line on stdout: a list with one entry per test that ran,
-#   {"exit_code", "timed_out", "output_exceeded", "duration_s", "stdout" (base64, only on exit 0), "stderr_tail"}.
-
-_RUNNER_FUNCTIONS = (
-    "_sandbox_main",
-    "_sandbox_run_test",
-    "_sandbox_wait",
-    "_sandbox_child",
-    "_sandbox_redirect",
-    "_sandbox_exec",
-)
-
-
-@functools.cache
-def _runner_source() -> str:
-    """The batch runner program: the ``_sandbox_*`` functions and a call of ``_sandbox_main``."""
-    parts = [inspect.getsource(globals()[name]) for name in _RUNNER_FUNCTIONS]
-    return "from __future__ import annotations\n\n" + "\n\n".join(parts) + "\n_sandbox_main()\n"
-
-
-def _sandbox_main() -> None:
-    """Run the job's tests in order, each in a forked child; stop at the first crash, timeout or output flood."""
-    import atexit  # noqa: F401 -- atexit, resource and traceback are for the children: imported once, here
-    import gc
-    import json
-    import os
-    import resource  # noqa: F401
-    import sys
-    import traceback  # noqa: F401
-
-    job = json.loads(sys.stdin.buffer.read())
-    # Import the preamble's modules once, so that each child finds them already loaded (the fork copies them).
-    exec(compile(job["warmup"], "<warmup>", "exec", dont_inherit=True), {"__name__": "__warmup__"})
-    programs = [
-        (compile(program["prelude"], "<prelude>", "exec", dont_inherit=True), program["source"])
-        for program in job["programs"]
-    ]
-    # Keep the collector away from everything that exists now, so that a child's collections do not touch (and
-    # copy) the pages shared with this process.
-    gc.freeze()
-    reports = []
-    budget = job["total_output_cap"]
-    for program_index, text in job["tests"]:
-        prelude, source = programs[program_index]
-        limits = {
-            "timeout_s": job["timeout_s"],
-            "output_cap": min(job["output_cap"], budget),
-            "stderr_tail_bytes": job["stderr_tail_bytes"],
-        }
-        report = _sandbox_run_test(prelude, source, text, limits)
-        reports.append(report)
-        budget -= report.pop("stdout_size")
-        if report["exit_code"] != 0 or report["timed_out"] or report["output_exceeded"]:
-            break
-    sys.stdout.write(json.dumps(reports) + "\n")
-    sys.stdout.flush()
-    os._exit(0)  # skip the interpreter's teardown: nothing is left to clean up, and it costs milliseconds
-
-
-def _sandbox_run_test(prelude: types.CodeType, source: str, text: str, limits: dict[str, Any]) -> dict[str, Any]:
-    """Fork a child that runs ``source`` with ``text`` on stdin; wait for it; report what it did.
-
-    ``limits`` holds ``timeout_s``, ``output_cap`` (bytes, each of stdout and stderr) and ``stderr_tail_bytes``
-    (how much of a failed test's stderr to report).
-    """
-    import base64
-    import contextlib
-    import os
-    import sys
-    import time
-
-    # In-memory files rather than pipes: the child can write its whole output without anyone reading
-    # concurrently, and RLIMIT_FSIZE caps it.
-    stdin_fd, stdout_fd, stderr_fd = (os.memfd_create(name) for name in ("stdin", "stdout", "stderr"))
-    data = memoryview(text.encode("utf-8", "surrogatepass"))
-    while data:
-        data = data[os.write(stdin_fd, data) :]
-    os.lseek(stdin_fd, 0, os.SEEK_SET)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        _sandbox_child(prelude, source, (stdin_fd, stdout_fd, stderr_fd), limits["output_cap"])
-    with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)  # the child does it too: whichever runs first, no killpg can miss the group
-    timed_out, exit_code = _sandbox_wait(pid, limits["timeout_s"])
-    duration = time.monotonic() - started
-    out_size, err_size = os.fstat(stdout_fd).st_size, os.fstat(stderr_fd).st_size
-    exceeded = max(out_size, err_size) > limits["output_cap"]
-    ok = exit_code == 0 and not timed_out and not exceeded
-    stdout = os.pread(stdout_fd, out_size, 0) if ok else b""
-    tail_size = min(err_size, limits["stderr_tail_bytes"]) if not ok else 0
-    tail = os.pread(stderr_fd, tail_size, err_size - tail_size)
-    for fd in (stdin_fd, stdout_fd, stderr_fd):
-        os.close(fd)
-    return {
-        "exit_code": exit_code,
-        "timed_out": timed_out,
-        "output_exceeded": exceeded,
-        "duration_s": duration,
-        "stdout_size": out_size,
-        "stdout": base64.b64encode(stdout).decode("ascii"),
-        "stderr_tail": tail.decode("utf-8", "replace"),
-    }
-
-
-def _sandbox_wait(pid: int, timeout_s: float) -> tuple[bool, int]:
-    """Wait up to ``timeout_s`` for child ``pid``, kill its process group, reap it: ``(timed_out, exit_code)``."""
-    import contextlib
-    import os
-    import select
-    import signal
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    try:
-        pidfd = os.pidfd_open(pid)  # readable once the child exits: an exact wait with a timeout
-    except (AttributeError, OSError):
-        pidfd = -1
-    status = None
-    delay = 0.0002
-    try:
-        while status is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            if pidfd >= 0:
-                select.select([pidfd], [], [], remaining)
-            else:
-                time.sleep(min(delay, remaining))
-                delay = min(delay * 2, 0.01)
-            reaped, raw = os.waitpid(pid, os.WNOHANG)
-            if reaped:
-                status = raw
-    finally:
-        if pidfd >= 0:
-            os.close(pidfd)
-    timed_out = status is None
-    if status is None:
-        for kill in (os.killpg, os.kill):
-            with contextlib.suppress(OSError):
-                kill(pid, signal.SIGKILL)
-        status = os.waitpid(pid, 0)[1]
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)  # whatever the test left running in its group
-    return timed_out, os.waitstatus_to_exitcode(status)
-
-
-def _sandbox_child(prelude: types.CodeType, source: str, fds: tuple[int, int, int], output_cap: int) -> NoReturn:
-    """In the forked child: run ``source`` as ``python -c`` would, on the test's stdin/stdout/stderr; never return."""
-    import os
-
-    status = 70  # EX_SOFTWARE: the child failed before the code ran
-    try:
-        kept = _sandbox_redirect(fds, output_cap)  # noqa: F841 -- must stay referenced until exit
-        status = _sandbox_exec(prelude, source)
-    finally:
-        os._exit(status)
-
-
-def _sandbox_redirect(fds: tuple[int, int, int], output_cap: int) -> tuple[object, ...]:
-    """Make ``fds`` the child's descriptors 0-2 and ``sys`` streams; cap file writes at ``output_cap + 1`` bytes.
-
-    Returns the runner's stream objects, which the caller must keep referenced: freeing them would close
-    descriptors 0-2, which now belong to the test.
-    """
-    import os
-    import resource
-    import sys
-
-    os.setpgid(0, 0)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
-    cap = output_cap + 1 if hard == resource.RLIM_INFINITY else min(output_cap + 1, hard)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
-    old = (sys.stdin, sys.stdout, sys.stderr)
-    encoding = sys.stdout.encoding
-    streams = {
-        "stdin": open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors, closefd=False),  # noqa: SIM115
-        "stdout": open(1, "w", encoding=encoding, errors=sys.stdout.errors, closefd=False),  # noqa: SIM115
-        # Line-buffered with backslash escapes, like the interpreter's own stderr.
-        "stderr": open(2, "w", 1, encoding=encoding, errors="backslashreplace", closefd=False),  # noqa: SIM115
-    }
-    for name, stream in streams.items():
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
-    return old
-
-
-def _sandbox_exec(prelude: types.CodeType, source: str) -> int:
-    """Run ``prelude`` then ``source`` in a fresh ``__main__``, finish like interpreter exit; the exit status."""
-    import atexit
-    import builtins
-    import sys
-    import traceback
-    import types
-
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
-    sys.modules["__main__"] = main
-    status = 1
-    try:
-        exec(prelude, main.__dict__)
-        exec(compile(source, "<string>", "exec", dont_inherit=True), main.__dict__)
-        status = 0
-    except SystemExit as exc:
-        # As the interpreter does at top level: None is 0, an int is the status, anything else is printed.
-        if exc.code is None or isinstance(exc.code, int):
-            status = (exc.code or 0) & 0xFF
-        else:
-            print(exc.code, file=sys.stderr)
-    except BaseException as exc:
-        # Start the traceback at the code's own frame, as python -c prints it.
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
-    shutdown = getattr(sys.modules.get("threading"), "_shutdown", None)
-    if shutdown is not None:
-        shutdown()  # wait for non-daemon threads, as interpreter exit does
-    atexit._run_exitfuncs()
-    try:
-        sys.stdout.flush()
-    except OSError:
-        status = status or 120  # python's status when flushing stdout at exit fails (e.g. past the output cap)
-    sys.stderr.flush()
-    return status
