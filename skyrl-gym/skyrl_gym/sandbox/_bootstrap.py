@@ -488,6 +488,9 @@ def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...]
     import sys
 
     control = _socket.socket(fileno=control_fd)
+    # What the directories hold before any job: bwrap creates root-owned mount points there for bind mounts of
+    # paths under them (an interpreter living under /tmp); those stay, everything a job adds goes.
+    baseline = {directory: frozenset(os.listdir(directory)) for directory in tidy_dirs}
     try:
         control.send(b"R")
         while True:
@@ -510,7 +513,7 @@ def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...]
                 os.close(fd)
             control.send(b"S")
             status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            clean = _kill_leftovers(uid, in_namespace) and _empty(tidy_dirs) and not (check_ipc and _ipc_objects())
+            clean = _kill_leftovers(uid, in_namespace) and _empty(baseline) and not (check_ipc and _ipc_objects())
             control.send(b"X %d %d" % (status, clean))
             if not clean:
                 os._exit(0)
@@ -613,17 +616,18 @@ def _kill_all_of(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def _empty(directories: tuple[str, ...]) -> bool:
-    """Remove everything inside ``directories``; False if something could not be removed."""
+def _empty(baseline: dict[str, frozenset[str]]) -> bool:
+    """Remove everything inside each directory but its ``baseline`` entries; False if something stayed."""
     import os
 
     try:
-        for directory in directories:
+        for directory, keep in baseline.items():
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 for name in os.listdir(fd):
-                    _remove(name, fd)
-                if os.listdir(fd):
+                    if name not in keep:
+                        _remove(name, fd)
+                if set(os.listdir(fd)) - keep:
                     return False
             finally:
                 os.close(fd)
