@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -63,15 +61,15 @@ def test_bad_model_is_an_error(tmp_path: Path) -> None:
 
 
 def _managed() -> list[str]:
-    proc = subprocess.run(["docker", "ps", "-aq", "--filter", "label=skyrl.managed"], capture_output=True, text=True)
-    return proc.stdout.split()
+    import docker
+
+    containers = docker.from_env().containers.list(all=True, filters={"label": "skyrl.managed"})
+    return [c.id for c in containers]
 
 
 @pytest.mark.docker
 @pytest.mark.slow
 def test_oracle_on_docker_leaves_nothing(tmp_path: Path) -> None:
-    if shutil.which("docker") is None:
-        pytest.skip("no docker CLI")
     before = set(_managed())
     tasks = tmp_path / "tasks.jsonl"
     save_tasks(load_suite()[:2], tasks)
