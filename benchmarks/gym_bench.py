@@ -36,7 +36,6 @@ import datetime
 import itertools
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _machine import host_info
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "benchmarks" / "_gym_bench_worker.py"
@@ -353,19 +354,8 @@ def machine_info(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[st
     ours = [report for by_impl in reports.values() for report in by_impl["ours"]]
     upstream = [report for by_impl in reports.values() for report in by_impl.get("upstream", [])]
     executors = [report["executor"] for report in ours if "executor" in report]
-    cpu_model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu_model": cpu_model,
-        "platform": platform.platform(),
+        **host_info(),
         "python_ours": ours[0]["python"],
         "python_upstream": upstream[0]["python"] if upstream else None,
         "skyrl_gym_ours": ours[0]["skyrl_gym_file"],

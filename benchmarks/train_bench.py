@@ -36,12 +36,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _machine import host_info
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "benchmarks" / "_train_bench_worker.py"
@@ -237,21 +238,7 @@ def breakdown(ours: dict[str, Any], trl: dict[str, Any] | None) -> str:
     return text
 
 
-def machine_info() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu_model": cpu_model,
-        "platform": platform.platform(),
-    }
+machine_info = host_info
 
 
 # --- main ---------------------------------------------------------------------------------------------------------

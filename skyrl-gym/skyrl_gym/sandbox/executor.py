@@ -188,14 +188,7 @@ class CodeExecutor:
             SandboxStartError: No interpreter could be started for the batch.
             ExecutorClosedError: The executor is closed.
         """
-        batch = Batch.of(
-            code,
-            stdins,
-            limits or self.limits,
-            setup=setup,
-            stop_on_failure=stop_on_failure,
-            max_total_output_bytes=max_total_output_bytes,
-        )
+        batch = self._batch(code, stdins, limits, setup, stop_on_failure, max_total_output_bytes)
         if not batch.stdins:
             return []
         body, job_limits = batch.job(private_uid=self._pool.config.private_uid)
@@ -213,7 +206,24 @@ class CodeExecutor:
         max_total_output_bytes: int | None = None,
     ) -> list[ExecutionResult]:
         """The asyncio version of :meth:`run_many` (cancellation kills the batch, as for :meth:`arun`)."""
-        batch = Batch.of(
+        batch = self._batch(code, stdins, limits, setup, stop_on_failure, max_total_output_bytes)
+        if not batch.stdins:
+            return []
+        body, job_limits = batch.job(private_uid=self._pool.config.private_uid)
+        exchange = await self._aexecute(body, b"", job_limits, batch=True)
+        return batch.results(exchange.raw_stdout(), exchange.result())
+
+    def _batch(
+        self,
+        code: str,
+        stdins: Sequence[str | bytes],
+        limits: SandboxLimits | None,
+        setup: str,
+        stop_on_failure: bool,
+        max_total_output_bytes: int | None,
+    ) -> Batch:
+        """The :class:`Batch` of a ``run_many``/``arun_many`` call, with the executor's limits as default."""
+        return Batch.of(
             code,
             stdins,
             limits or self.limits,
@@ -221,11 +231,6 @@ class CodeExecutor:
             stop_on_failure=stop_on_failure,
             max_total_output_bytes=max_total_output_bytes,
         )
-        if not batch.stdins:
-            return []
-        body, job_limits = batch.job(private_uid=self._pool.config.private_uid)
-        exchange = await self._aexecute(body, b"", job_limits, batch=True)
-        return batch.results(exchange.raw_stdout(), exchange.result())
 
     def close(self) -> None:
         """Kill the idle interpreters and stop the pool's thread. Runs in progress finish normally."""
