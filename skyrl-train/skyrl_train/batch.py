@@ -79,3 +79,42 @@ def _check_aligned(name: str, rows: Sequence[Sequence[float]], responses: Sequen
     for i, (row, response) in enumerate(zip(rows, responses, strict=True)):
         if len(row) != len(response):
             raise ValueError(f"{name}[{i}] has {len(row)} entries for a response of {len(response)} tokens")
+
+
+def concat_batches(batches: Sequence[TrainingBatch], pad_token_id: int) -> TrainingBatch:
+    """Stack batches collated separately into one with :func:`collate`'s layout.
+
+    Each batch has its own prompt width ``P_i`` and response width ``T_i``; the result re-pads every row to
+    ``max P_i`` on the left and ``max T_i`` on the right, exactly as if all rows had been collated together.
+    ``tensors`` (``[B_i, T_i]`` each) are zero-padded on the right; every batch must hold the same names.
+
+    Raises:
+        ValueError: No batches, or batches whose ``tensors`` have different names.
+    """
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    names = list(batches[0].tensors)
+    if any(set(b.tensors) != set(names) for b in batches):
+        raise ValueError(f"batches carry different tensors: {[sorted(b.tensors) for b in batches]}")
+    prompt_width = max(b.input_ids.shape[1] - b.response_length for b in batches)
+    response_width = max(b.response_length for b in batches)
+    parts = [_repad(b, prompt_width, response_width, pad_token_id) for b in batches]
+    return TrainingBatch(
+        input_ids=torch.cat([p.input_ids for p in parts]),
+        attention_mask=torch.cat([p.attention_mask for p in parts]),
+        response_mask=torch.cat([p.response_mask for p in parts]),
+        tensors={name: torch.cat([p.tensors[name] for p in parts]) for name in names},
+    )
+
+
+def _repad(batch: TrainingBatch, prompt_width: int, response_width: int, pad_token_id: int) -> TrainingBatch:
+    """``batch`` padded to ``prompt_width`` prompt columns (on the left) and ``response_width`` response columns."""
+    left = prompt_width - (batch.input_ids.shape[1] - batch.response_length)
+    right = response_width - batch.response_length
+    pad = torch.nn.functional.pad
+    return TrainingBatch(
+        input_ids=pad(batch.input_ids, (left, right), value=pad_token_id),
+        attention_mask=pad(batch.attention_mask, (left, right), value=0),
+        response_mask=pad(batch.response_mask, (0, right), value=0.0),
+        tensors={name: pad(t, (0, right), value=0.0) for name, t in batch.tensors.items()},
+    )

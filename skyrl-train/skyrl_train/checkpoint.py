@@ -4,8 +4,9 @@ Layout under the checkpoint root (``trainer.ckpt_path``, by default ``{run_dir}/
 
     latest_ckpt_global_step.txt     "N": the newest COMPLETE checkpoint; written last
     global_step_N/
-        ...                         whatever the caller's ``write_state`` wrote (the backend's model, optimizer
-                                    and scheduler state)
+        ...                         whatever the caller's ``write_state`` wrote: with :func:`save_models`, the
+                                    policy backend's model, optimizer and scheduler state
+        critic/                     the same for the critic, when the run has one (:func:`save_models`)
         trainer_state.json          {"global_step", "config", "metrics", "extra", "format_version"}
         data_state.json             the prompt loader's state (when given)
         rng_state.pt                python ``random``, numpy and torch (CPU and CUDA) generator states
@@ -34,12 +35,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 
 __all__ = [
+    "CRITIC_DIR",
     "MARKER_FILE",
     "CheckpointError",
     "TrainerState",
@@ -48,9 +50,11 @@ __all__ = [
     "find_latest",
     "list_checkpoints",
     "load_checkpoint",
+    "load_models",
     "resolve_resume_dir",
     "restore_rng_state",
     "save_checkpoint",
+    "save_models",
     "step_dir",
 ]
 
@@ -60,6 +64,7 @@ MARKER_FILE = "latest_ckpt_global_step.txt"
 TRAINER_STATE_FILE = "trainer_state.json"
 DATA_STATE_FILE = "data_state.json"
 RNG_STATE_FILE = "rng_state.pt"
+CRITIC_DIR = "critic"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"global_step_(\d+)")
 
@@ -69,6 +74,18 @@ StateWriter = Callable[[Path], None]
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used; the message names the path and what to do."""
+
+
+class Stateful(Protocol):
+    """A model that writes and restores its own state (``TrainingBackend.save``/``load``)."""
+
+    def save(self, path: Path) -> None:
+        """Write the state as the directory ``path`` (replacing it)."""
+        ...
+
+    def load(self, path: Path) -> None:
+        """Restore what :meth:`save` wrote to ``path``."""
+        ...
 
 
 @dataclass
@@ -149,6 +166,32 @@ def save_checkpoint(
     _write_marker(root, global_step)
     cleanup_checkpoints(root, max_to_keep)
     return final
+
+
+def save_models(path: Path, policy: Stateful, *, critic: Stateful | None = None) -> None:
+    """A ``write_state`` body: the policy's state in ``path`` itself, the critic's (if any) in ``path/critic``.
+
+    The policy goes first because a backend's ``save`` replaces its whole directory; the critic then nests inside.
+    """
+    policy.save(path)
+    if critic is not None:
+        critic.save(path / CRITIC_DIR)
+
+
+def load_models(path: Path, policy: Stateful, *, critic: Stateful | None = None) -> None:
+    """A ``read_state`` body restoring what :func:`save_models` wrote.
+
+    Raises:
+        CheckpointError: the run has a critic but the checkpoint holds none.
+    """
+    if critic is not None and not (path / CRITIC_DIR).is_dir():
+        raise CheckpointError(
+            f"{path} holds no critic ({CRITIC_DIR}/), but this run trains one: it was written by a run without "
+            "model.critic_path. Resume with that run's algorithm settings, or start fresh with trainer.resume_mode=none"
+        )
+    policy.load(path)
+    if critic is not None:
+        critic.load(path / CRITIC_DIR)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

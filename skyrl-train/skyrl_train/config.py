@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from skyrl_train.algorithms.advantages import AdvantageConfig
+from skyrl_train.algorithms.filtering import DynamicSamplingType
 from skyrl_train.algorithms.kl import KLController, KLEstimatorName, make_kl_controller
 from skyrl_train.algorithms.off_policy import OffPolicyCorrectionConfig
 from skyrl_train.algorithms.policy_losses import (
@@ -115,11 +116,17 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The policy (and reference) model."""
+    """The policy, reference and critic models.
+
+    A critic exists when ``critic_path`` is set: the causal LM there is loaded with a scalar value head (a
+    Hugging Face ``*ForTokenClassification`` model), shares the policy's ``dtype``, checkpointing and LoRA
+    settings, is trained with ``optim.critic_lr``, and its values go to the advantage estimator (``gae`` needs
+    them).
+    """
 
     path: str = ""  # local Hugging Face directory or hub id of the policy; required
     ref_path: str | None = None  # reference model for KL; derived: the policy's initial weights (model.path)
-    critic_path: str | None = None  # value model; needed by the "gae" estimator only
+    critic_path: str | None = None  # value model (PPO critic); set it to model.path to start from the policy
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # parameter dtype; bfloat16 on GPUs
     gradient_checkpointing: bool = True  # recompute activations in backward to save memory
     lora_rank: int = 0  # LoRA rank; 0 trains all weights
@@ -175,10 +182,10 @@ class AlgorithmConfig:
     kl_target: float = 0.1  # adaptive controller: target KL per sequence
     kl_horizon: int = 10000  # adaptive controller: samples over which beta adapts
     entropy_loss_coef: float = 0.0  # entropy bonus weight; 0 disables it
-    value_clip: float = 0.2  # critic value clip (gae)
-    dynamic_sampling: Literal["none", "filter", "replace"] = "none"  # DAPO dynamic sampling strategy
-    max_sample_batches: int = 30  # "filter": give up after sampling this many batches for one step
-    min_replace_ratio: float = 0.3  # "replace": fraction of informative groups needed to replace the rest
+    value_clip: float | None = 0.2  # critic: a value moves at most this far from its old value; null: no clip
+    dynamic_sampling: DynamicSamplingType | None = None  # DAPO: "filter" or "replace" zero-variance groups; null: off
+    max_sample_batches: int = 30  # dynamic sampling: prompt batches one step may draw before it fails
+    min_replace_ratio: float = 0.3  # "replace": fraction of a batch's groups that must be informative
     zero_variance_filter: bool = False  # mask groups whose rewards are all equal out of the loss
 
 
@@ -779,14 +786,41 @@ def _check_algorithm(config: Config) -> list[str]:
             f"algorithm.advantage_estimator {alg.advantage_estimator!r} compares samples of one prompt: "
             "set generator.n_samples_per_prompt >= 2"
         )
-    if alg.advantage_estimator == "gae" and not config.model.critic_path:
-        problems.append("algorithm.advantage_estimator 'gae' needs a value model: set model.critic_path")
     if alg.use_kl_loss and alg.use_kl_in_reward:
         problems.append("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true; choose one")
     if alg.eps_clip_low < 0 or alg.eps_clip_high < 0:
         problems.append("algorithm.eps_clip_low and algorithm.eps_clip_high must be >= 0")
-    if alg.dynamic_sampling != "none" and alg.max_sample_batches < 1:
+    return problems + _check_critic(config) + _check_dynamic_sampling(config)
+
+
+def _check_critic(config: Config) -> list[str]:
+    alg, critic_path, problems = config.algorithm, config.model.critic_path, list[str]()
+    if alg.advantage_estimator == "gae" and not critic_path:
+        problems.append(
+            "algorithm.advantage_estimator 'gae' needs a value model (critic): set model.critic_path, e.g. "
+            f"model.critic_path={config.model.path or 'PATH'} to start the critic from the policy's weights "
+            "(or use an estimator without a critic, such as grpo)"
+        )
+    if critic_path:
+        problems += _check_model_path(critic_path, key="model.critic_path")
+    if alg.value_clip is not None and alg.value_clip < 0:
+        problems.append(f"algorithm.value_clip must be >= 0 or null (no clipping), got {alg.value_clip}")
+    return problems
+
+
+def _check_dynamic_sampling(config: Config) -> list[str]:
+    alg, problems = config.algorithm, list[str]()
+    if alg.dynamic_sampling is None:
+        return problems
+    if alg.max_sample_batches < 1:
         problems.append(f"algorithm.max_sample_batches must be >= 1, got {alg.max_sample_batches}")
+    if alg.dynamic_sampling == "replace" and not 0 < alg.min_replace_ratio <= 1:
+        problems.append(f"algorithm.min_replace_ratio must be in (0, 1], got {alg.min_replace_ratio}")
+    if config.generator.n_samples_per_prompt < 2:
+        problems.append(
+            f"algorithm.dynamic_sampling {alg.dynamic_sampling!r} keeps groups whose rewards vary, and a group "
+            "of one never varies: set generator.n_samples_per_prompt >= 2"
+        )
     return problems
 
 
@@ -827,14 +861,14 @@ def _check_paths(config: Config) -> list[str]:
     return problems
 
 
-def _check_model_path(path: str) -> list[str]:
+def _check_model_path(path: str, key: str = "model.path") -> list[str]:
     if not path:
         hint = TINY_MODEL_HINT.format(path="PATH")
-        return [f"model.path is required. For a local CPU run, build the tiny model and pass its PATH: {hint}"]
+        return [f"{key} is required. For a local CPU run, build the tiny model and pass its PATH: {hint}"]
     if os.path.exists(path) or _looks_like_hub_id(path):
         return []
     return [
-        f"model.path {path} does not exist. Build the tiny test model there with: {TINY_MODEL_HINT.format(path=path)}"
+        f"{key} {path} does not exist. Build the tiny test model there with: {TINY_MODEL_HINT.format(path=path)}"
         " (or give a Hugging Face model id such as Qwen/Qwen2.5-0.5B-Instruct)"
     ]
 

@@ -1,8 +1,9 @@
-"""The per-micro-batch RL objective handed to ``TrainingBackend.forward_backward``.
+"""The per-micro-batch RL objectives handed to ``TrainingBackend.forward_backward``.
 
-``loss = policy_loss + kl_loss_coef · KL(π‖π_ref) − entropy_coef · H``, every term reduced with the same
-``token_weights`` (computed once per mini-batch by :func:`add_token_weights`), so the micro-batch losses add up
-to the mini-batch loss whatever the micro-batch size.
+Policy: ``loss = policy_loss + kl_loss_coef · KL(π‖π_ref) − entropy_coef · H`` (:func:`make_loss_fn`). Critic:
+the clipped value loss (:func:`make_value_loss_fn`). Every term is reduced with the same ``token_weights``
+(computed once per mini-batch by :func:`add_token_weights`), so the micro-batch losses add up to the mini-batch
+loss whatever the micro-batch size.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from skyrl_train.algorithms import entropy_bonus, get_policy_loss, kl_loss, loss_weights
+from skyrl_train.algorithms import entropy_bonus, get_policy_loss, kl_loss, loss_weights, value_loss
 from skyrl_train.algorithms.kl import KLEstimatorName
 from skyrl_train.algorithms.policy_losses import PolicyLossConfig
 from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
@@ -83,5 +84,30 @@ def make_loss_fn(objective: Objective) -> LossFn:
                 output.entropy, batch.response_mask, objective.entropy_coef, token_weights=weights
             )
         return loss, metrics
+
+    return loss_fn
+
+
+def make_value_loss_fn(value_clip: float | None) -> LossFn:
+    """The critic's closure ``(model_output, micro_batch) -> (loss, metrics)``: the clipped value loss.
+
+    The micro-batch must carry ``values`` (the critic's predictions when the batch was collected), ``returns``
+    and ``token_weights``. ``value_clip`` is ``ε_v`` of :func:`~skyrl_train.algorithms.value_loss`; None
+    disables clipping. Metrics: ``critic/vf_clip_frac`` and ``critic/values_mean``.
+    """
+
+    def loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        if output.values is None:
+            raise ValueError("the critic backend returned no values: build the critic as a CriticBackend")
+        t = batch.tensors
+        loss, metrics = value_loss(
+            output.values,
+            t["values"],
+            t["returns"],
+            batch.response_mask,
+            value_clip,
+            token_weights=t["token_weights"],
+        )
+        return loss, {f"critic/{k}": v for k, v in metrics.items()}
 
     return loss_fn

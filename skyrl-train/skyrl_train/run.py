@@ -1,7 +1,7 @@
 """Wire a run config into components and drive the training loop; what ``skyrl-train`` (the CLI) calls.
 
 Order: resolve and validate the config (every bad input fails here, before any model loads) → record it in the
-run directory → tokenizer, datasets → policy (and reference) backend → inference engine → generator → tracker →
+run directory → tokenizer, datasets → policy (reference, critic) backends → inference engine → generator → tracker →
 resume from the latest checkpoint when there is one → evaluate → train steps with periodic evaluation and
 checkpoints → final checkpoint, Hugging Face export and the metrics plot. Returns a :class:`RunResult`.
 """
@@ -9,6 +9,7 @@ checkpoints → final checkpoint, Hugging Face export and the metrics plot. Retu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from skyrl_train import checkpoint
 from skyrl_train.backends import BackendConfig, LoraConfig, OptimizerConfig, TorchBackend
+from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.config import Config, build_components, record_config, resolve, to_dict, validate
 from skyrl_train.data.dataset import PromptDataset, PromptRecord
 from skyrl_train.data.loader import PromptLoader
@@ -68,6 +70,14 @@ def backend_config(config: Config, *, path: str | None = None, trainable: bool =
     )
 
 
+def critic_backend_config(config: Config) -> BackendConfig:
+    """The critic's :class:`BackendConfig`: the policy's settings with ``model.critic_path`` and ``optim.critic_lr``."""
+    if not config.model.critic_path:
+        raise ValueError("no critic is configured: set model.critic_path")
+    policy = backend_config(config, path=config.model.critic_path)
+    return dataclasses.replace(policy, optimizer=dataclasses.replace(policy.optimizer, lr=config.optim.critic_lr))
+
+
 def generator_config(config: Config) -> GeneratorConfig:
     """The generator's settings from the ``generator`` and ``environment`` sections."""
     g, env = config.generator, config.environment
@@ -102,6 +112,10 @@ def loop_settings(config: Config) -> LoopSettings:
         use_kl_in_reward=a.use_kl_in_reward,
         kl_estimator_type=a.kl_estimator_type,
         zero_variance_filter=a.zero_variance_filter,
+        dynamic_sampling=a.dynamic_sampling,
+        max_sample_batches=a.max_sample_batches,
+        min_replace_ratio=a.min_replace_ratio,
+        value_clip=a.value_clip,
         logprob_temperature=components.logprob_temperature,
         eval_n_samples_per_prompt=config.generator.eval_n_samples_per_prompt,
         seed=config.trainer.seed,
@@ -185,6 +199,7 @@ class _Session:
         ref = None
         if config.algorithm.use_kl_loss or config.algorithm.use_kl_in_reward:
             ref = TorchBackend(backend_config(config, path=config.model.ref_path, trainable=False))
+        critic = CriticBackend(critic_backend_config(config)) if config.model.critic_path else None
         inference = config.inference
         self.engine = create_engine(inference.engine, config.model.path, **_engine_options(config))
         generator = SkyRLGymGenerator(self.engine, self.tokenizer, generator_config(config))
@@ -208,6 +223,7 @@ class _Session:
             eval_sampling_params=components.eval_sampling_params,
             pad_token_id=int(pad),
             ref=ref,
+            critic=critic,
             kl_controller=components.kl_controller,
             sink=self.tracker,
         )
@@ -225,7 +241,8 @@ class _Session:
             await self._evaluate(result)
         batches = self.loader.stream()
         while self.trainer.global_step < self.total_steps():
-            result.last_metrics = await self.trainer.train_step(next(batches))
+            # Dynamic sampling draws its refills from the same stream, so they advance the saved loader state.
+            result.last_metrics = await self.trainer.train_step(next(batches), lambda: next(batches))
             step = self.trainer.global_step
             if self.eval_prompts and t.eval_interval > 0 and step % t.eval_interval == 0:
                 await self._evaluate(result)
@@ -252,7 +269,7 @@ class _Session:
         path = checkpoint.resolve_resume_dir(t.resume_mode, t.ckpt_path, t.resume_path)
         if path is None:
             return
-        state = checkpoint.load_checkpoint(path, read_state=self.trainer.policy.load)
+        state = checkpoint.load_checkpoint(path, read_state=self._read_models)
         self.trainer.global_step = state.global_step
         if state.loader_state is not None:
             self.loader.load_state_dict(state.loader_state)
@@ -268,13 +285,19 @@ class _Session:
         return checkpoint.save_checkpoint(
             t.ckpt_path,
             self.trainer.global_step,
-            write_state=self.trainer.policy.save,
+            write_state=self._write_models,
             config=to_dict(self.config),
             metrics=metrics,
             extra=state_for_checkpoint(self.trainer),
             loader_state=self.loader.state_dict(),
             max_to_keep=t.max_ckpts_to_keep,
         )
+
+    def _write_models(self, path: Path) -> None:
+        checkpoint.save_models(path, self.trainer.policy, critic=self.trainer.critic)
+
+    def _read_models(self, path: Path) -> None:
+        checkpoint.load_models(path, self.trainer.policy, critic=self.trainer.critic)
 
     def _export(self) -> Path:
         assert self.config.trainer.export_path is not None

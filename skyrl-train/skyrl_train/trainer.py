@@ -6,11 +6,15 @@ models) and owns no device detail, so the same loop runs in one CPU process in t
 One step, in order::
 
     prompts ──generator──► trajectories ──► Experience (token rewards, masks, rollout log-probs, groups)
+        (dynamic sampling: more prompt batches, or copies of groups, until every group's rewards vary)
         old_log_probs = policy.forward(batch)              (the policy that sampled, as the trainer computes it)
         ref_log_probs = ref.forward(batch)                 (when a KL term needs it)
+        values = critic.forward(batch)                     (when there is a critic: PPO with GAE)
         rewards −= β·KL                                    (KL in reward, optional)
-        advantages = estimator(rewards, mask, groups)      (GRPO by default)
-        for each update epoch, for each mini-batch: policy.forward_backward(mini_batch, loss) ; optim_step
+        advantages, returns = estimator(rewards, mask, groups, values)   (GRPO by default)
+        for each update epoch, for each mini-batch:
+            policy.forward_backward(mini_batch, loss) ; optim_step
+            critic.forward_backward(mini_batch, value loss) ; optim_step   (same mini-batches, when there is one)
         engine.update_weights(policy.get_weights())        (paused while it loads)
 
 Metrics per step include the mean ``|rollout log-prob − trainer log-prob|`` over generated tokens
@@ -24,7 +28,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -32,23 +36,32 @@ import torch
 
 from skyrl_train.algorithms import (
     AdvantageConfig,
+    DynamicSamplingType,
     KLController,
     apply_kl_penalty,
+    explained_variance,
     get_advantage_estimator,
     mask_zero_variance_groups,
     masked_mean,
 )
 from skyrl_train.algorithms.kl import KLEstimatorName
-from skyrl_train.backends.base import TrainingBackend, TrainingBatch
+from skyrl_train.backends.base import LossFn, TrainingBackend, TrainingBatch
 from skyrl_train.data.dataset import PromptRecord
+from skyrl_train.dynamic_sampling import (
+    DynamicSamplingError,
+    collect_informative_groups,
+    replace_uninformative_groups,
+)
 from skyrl_train.experience import Experience, to_experience
-from skyrl_train.generators.base import Generator, GeneratorInput
+from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutput
 from skyrl_train.inference.base import InferenceEngine, SamplingParams
-from skyrl_train.objective import Objective, add_token_weights, make_loss_fn
+from skyrl_train.objective import Objective, add_token_weights, make_loss_fn, make_value_loss_fn
 
 logger = logging.getLogger(__name__)
 
 Metrics = dict[str, float]
+PromptSource = Callable[[], Sequence[PromptRecord]]
+"""Hands out the next batch of training prompts (dynamic sampling draws more than one per step)."""
 
 
 class MetricsSink(Protocol):
@@ -71,6 +84,10 @@ class LoopSettings:
     use_kl_in_reward: bool = False
     kl_estimator_type: KLEstimatorName = "k3"
     zero_variance_filter: bool = False  # mask groups whose rewards are all equal out of the loss
+    dynamic_sampling: DynamicSamplingType | None = None  # DAPO: "filter" or "replace" zero-variance groups
+    max_sample_batches: int = 30  # dynamic sampling: prompt batches a step may draw before it fails
+    min_replace_ratio: float = 0.3  # "replace": informative share of a batch needed to copy from it
+    value_clip: float | None = 0.2  # critic: how far a value may move from its value at collection; None: no clip
     logprob_temperature: float = 1.0  # must equal the sampling temperature
     eval_n_samples_per_prompt: int = 1
     seed: int = 0
@@ -89,6 +106,7 @@ class Trainer:
     eval_sampling_params: SamplingParams
     pad_token_id: int
     ref: TrainingBackend | None = None
+    critic: TrainingBackend | None = None  # a value model (CriticBackend); advantages then get its values
     kl_controller: KLController | None = None
     sink: MetricsSink | None = None
     global_step: int = 0
@@ -96,14 +114,17 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ one RL step
 
-    async def train_step(self, prompts: Sequence[PromptRecord]) -> Metrics:
-        """Roll out ``prompts``, update the policy on the trajectories and sync the engine; return metrics."""
+    async def train_step(self, prompts: Sequence[PromptRecord], next_prompts: PromptSource | None = None) -> Metrics:
+        """Roll out ``prompts``, update the policy (and critic) on the trajectories, sync the engine; return metrics.
+
+        ``next_prompts`` hands out further prompt batches; dynamic sampling draws from it when ``prompts`` alone
+        does not yield a training batch (without it, such a step raises ``DynamicSamplingError``, as does one
+        that exhausts ``max_sample_batches``).
+        """
         timings: Metrics = {}
         start = time.monotonic()
-        output = await self.generator.generate(self._generator_input(prompts, training=True))
+        experience, metrics = await self._rollout(prompts, next_prompts)
         timings["timing/generate_s"] = time.monotonic() - start
-        experience = to_experience(output, self.pad_token_id)
-        metrics = {**output.metrics, **self._reward_metrics(experience)}
         start = time.monotonic()
         self._prepare(experience, metrics)
         timings["timing/prepare_s"] = time.monotonic() - start
@@ -117,14 +138,51 @@ class Trainer:
         self._emit(metrics)
         return metrics
 
-    def _generator_input(self, prompts: Sequence[PromptRecord], *, training: bool) -> GeneratorInput:
+    async def _rollout(
+        self, prompts: Sequence[PromptRecord], next_prompts: PromptSource | None
+    ) -> tuple[Experience, Metrics]:
+        """The step's experience (after dynamic sampling, if configured) and its rollout and reward metrics."""
+        outputs: list[GeneratorOutput] = []
+
+        async def sample(attempt: int) -> Experience:
+            batch = prompts if attempt == 0 else self._refill(next_prompts)
+            outputs.append(await self.generator.generate(self._generator_input(batch, training=True, attempt=attempt)))
+            return to_experience(outputs[-1], self.pad_token_id)
+
+        s = self.settings
+        if s.dynamic_sampling == "filter":
+            experience, metrics = await collect_informative_groups(
+                sample, len(prompts), s.max_sample_batches, self.pad_token_id
+            )
+        elif s.dynamic_sampling == "replace":
+            generator = torch.Generator().manual_seed(s.seed * 1_000_003 + self.global_step)
+            experience, metrics = await replace_uninformative_groups(
+                sample, s.min_replace_ratio, s.max_sample_batches, generator
+            )
+        else:
+            experience, metrics = await sample(0), {}
+        # Reward metrics describe everything the policy generated, not only the groups kept for training.
+        return experience, {**_mean_metrics([o.metrics for o in outputs]), **_reward_metrics(outputs), **metrics}
+
+    def _refill(self, next_prompts: PromptSource | None) -> Sequence[PromptRecord]:
+        if next_prompts is None:
+            raise DynamicSamplingError(
+                "dynamic sampling needs another batch of prompts but train_step got no next_prompts: "
+                "pass next_prompts (e.g. lambda: next(batches)) or set algorithm.dynamic_sampling=null"
+            )
+        return next_prompts()
+
+    def _generator_input(self, prompts: Sequence[PromptRecord], *, training: bool, attempt: int = 0) -> GeneratorInput:
         n = self.settings.n_samples_per_prompt if training else self.settings.eval_n_samples_per_prompt
         rows = [(p, i) for p in prompts for i in range(n)]
         params = self.sampling_params if training else self.eval_sampling_params
         if params.seed is None:
             # A seed per step (the generator offsets it per trajectory and turn) makes a step's samples depend
             # only on the run seed and the step, so a resumed run draws exactly what the uninterrupted one did.
-            params = replace(params, seed=(self.settings.seed * 1_000_003 + self.global_step * 2 + training) << 20)
+            # A dynamic-sampling refill (attempt > 0) is offset by attempt · 2^50: the per-trajectory offsets stay
+            # below 2^20, so a refill never repeats a seed of its step's earlier batches.
+            seed = ((self.settings.seed * 1_000_003 + self.global_step * 2 + training) << 20) + (attempt << 50)
+            params = replace(params, seed=seed)
         return GeneratorInput(
             prompts=[p.messages for p, _ in rows],
             env_classes=[p.env_class for p, _ in rows],
@@ -143,6 +201,8 @@ class Trainer:
         metrics["policy/rollout_logprob_gap"] = _logprob_gap(batch)
         if self.ref is not None:
             batch.tensors["ref_log_probs"] = self.ref.forward(batch, temperature=temperature).log_probs.detach()
+        if self.critic is not None:
+            batch.tensors["values"] = _critic_values(self.critic, batch)
         rewards = batch.tensors["rewards"]
         if self.settings.use_kl_in_reward and self.kl_controller is not None:
             rewards, kl_metrics = apply_kl_penalty(
@@ -161,16 +221,30 @@ class Trainer:
             )
         estimator = get_advantage_estimator(self.settings.advantage_estimator)
         advantages, returns = estimator(
-            rewards, batch.response_mask, self.settings.advantage, group_index=experience.group_index
+            rewards,
+            batch.response_mask,
+            self.settings.advantage,
+            group_index=experience.group_index,
+            values=batch.tensors.get("values"),
         )
         batch.tensors["advantages"] = advantages
         batch.tensors["returns"] = returns
         metrics["policy/advantage_abs_mean"] = masked_mean(advantages.abs(), batch.response_mask).item()
         metrics["policy/trained_token_fraction"] = batch.response_mask.mean().item()
+        if self.critic is not None:
+            values, mask = batch.tensors["values"], batch.response_mask
+            metrics["critic/explained_variance"] = explained_variance(values, returns, mask)
+            metrics["critic/returns_mean"] = masked_mean(returns, mask).item()
 
     def _update(self, experience: Experience) -> Metrics:
-        """Update epochs over mini-batches of whole prompt groups; return averaged loss metrics."""
+        """Update epochs over mini-batches of whole prompt groups; return averaged loss metrics.
+
+        The critic, when there is one, takes an optimizer step on each mini-batch right after the policy: both
+        learn from the same shuffled mini-batches, and neither update changes what the other one sees (the old
+        log-probs, values, advantages and returns were all computed before the first update).
+        """
         loss_fn = make_loss_fn(self.objective)
+        value_loss_fn = make_value_loss_fn(self.settings.value_clip)
         sums: defaultdict[str, float] = defaultdict(float)
         count = 0
         rng = random.Random(self.settings.seed * 1_000_003 + self.global_step)
@@ -187,6 +261,8 @@ class Trainer:
                     with_entropy=self.objective.needs_entropy,
                 )
                 stats.update(self.policy.optim_step())
+                if self.critic is not None:
+                    stats.update(_critic_step(self.critic, mini, value_loss_fn))
                 for key, value in stats.items():
                     sums[key] += value
                 count += 1
@@ -233,22 +309,50 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ helpers
 
-    def _reward_metrics(self, experience: Experience) -> Metrics:
-        rewards = experience.sequence_rewards
-        metrics = {
-            "reward/mean": rewards.mean().item(),
-            "reward/max": rewards.max().item(),
-            "reward/min": rewards.min().item(),
-        }
-        for reason in set(experience.stop_reasons):
-            metrics[f"rollout/stop_{reason}"] = experience.stop_reasons.count(reason) / len(experience.stop_reasons)
-        return metrics
-
     def _emit(self, metrics: Metrics) -> None:
         if self.sink is not None:
             self.sink.log(metrics, self.global_step)
         for callback in self.callbacks:
             callback(self, metrics)
+
+
+def _reward_metrics(outputs: Sequence[GeneratorOutput]) -> Metrics:
+    """Reward statistics and stop-reason shares over every trajectory of ``outputs``."""
+    rewards = torch.tensor([sum(r) for o in outputs for r in o.rewards], dtype=torch.float32)
+    reasons = [str(reason) for o in outputs for reason in o.stop_reasons]
+    metrics = {
+        "reward/mean": rewards.mean().item(),
+        "reward/max": rewards.max().item(),
+        "reward/min": rewards.min().item(),
+    }
+    for reason in set(reasons):
+        metrics[f"rollout/stop_{reason}"] = reasons.count(reason) / len(reasons)
+    return metrics
+
+
+def _mean_metrics(rows: Sequence[Mapping[str, float]]) -> Metrics:
+    """Each key's mean over the rows that have it (the generator's batch statistics over refills)."""
+    values: defaultdict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for key, value in row.items():
+            values[key].append(float(value))
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
+def _critic_values(critic: TrainingBackend, batch: TrainingBatch) -> torch.Tensor:
+    """``[B, T]`` values of the batch's response tokens, as the critic predicts them before this step's update."""
+    values = critic.forward(batch).values
+    if values is None:
+        raise TypeError(f"the critic ({type(critic).__name__}) returned no values: build it as a CriticBackend")
+    return values.detach()
+
+
+def _critic_step(critic: TrainingBackend, mini: TrainingBatch, loss_fn: LossFn) -> Metrics:
+    """One critic optimizer step on a mini-batch; metrics under ``critic/`` (``value_loss``, ``grad_norm``, …)."""
+    stats = critic.forward_backward(mini, loss_fn)
+    stats["value_loss"] = stats.pop("loss")
+    stats.update(critic.optim_step())
+    return {key if "/" in key else f"critic/{key}": value for key, value in stats.items()}
 
 
 def _logprob_gap(batch: TrainingBatch) -> float:

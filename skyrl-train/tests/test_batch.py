@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from skyrl_train.batch import collate, pad_right
+from skyrl_train.backends.base import TrainingBatch
+from skyrl_train.batch import collate, concat_batches, pad_right
 
 
 def test_prompts_left_padded_responses_right_padded() -> None:
@@ -43,3 +44,31 @@ def test_select_and_misaligned_inputs() -> None:
         collate([[]], [[3]], pad_token_id=0)
     with pytest.raises(ValueError, match="more than the width"):
         pad_right([[1.0, 2.0]], 1)
+
+
+def test_concat_batches_matches_collating_all_rows_at_once() -> None:
+    prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
+    responses = [[11], [12, 13, 14], [15, 16], []]
+    masks = [[1], [1, 0, 1], [0, 1], []]
+    rewards = [[0.5], [0.0, 0.0, 1.0], [0.0, 2.0], []]
+
+    def part(rows: slice) -> TrainingBatch:
+        return collate(
+            prompts[rows], responses[rows], masks[rows], pad_token_id=0, per_token={"rewards": rewards[rows]}
+        )
+
+    joined = concat_batches([part(slice(0, 1)), part(slice(1, 3)), part(slice(3, 4))], pad_token_id=0)
+    whole = part(slice(0, 4))
+    assert joined.input_ids.tolist() == whole.input_ids.tolist()
+    assert joined.attention_mask.tolist() == whole.attention_mask.tolist()
+    assert joined.response_mask.tolist() == whole.response_mask.tolist()
+    assert joined.tensors["rewards"].tolist() == whole.tensors["rewards"].tolist()
+
+
+def test_concat_batches_rejects_different_tensors() -> None:
+    a = collate([[1]], [[2]], pad_token_id=0, per_token={"rewards": [[1.0]]})
+    b = collate([[1]], [[2]], pad_token_id=0)
+    with pytest.raises(ValueError, match="different tensors"):
+        concat_batches([a, b], pad_token_id=0)
+    with pytest.raises(ValueError, match="at least one batch"):
+        concat_batches([], pad_token_id=0)

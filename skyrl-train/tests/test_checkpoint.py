@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 
 from skyrl_train import checkpoint
 from skyrl_train.checkpoint import (
+    CRITIC_DIR,
     MARKER_FILE,
     CheckpointError,
     capture_rng_state,
@@ -18,9 +20,11 @@ from skyrl_train.checkpoint import (
     find_latest,
     list_checkpoints,
     load_checkpoint,
+    load_models,
     resolve_resume_dir,
     restore_rng_state,
     save_checkpoint,
+    save_models,
     step_dir,
 )
 from skyrl_train.data import PromptLoader
@@ -125,6 +129,41 @@ def test_marker_is_replaced_atomically(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(OSError, match="crash during replace"):
         checkpoint._write_marker(tmp_path, 2)
     assert _marker(tmp_path) == "1"  # readers never see a half-written marker
+
+
+class _Model:
+    """Saves like a training backend: its state replaces the whole directory it is given."""
+
+    def __init__(self, state: dict[str, float]) -> None:
+        self.state = state
+
+    def save(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        (path / "state.json").write_text(json.dumps(self.state))
+
+    def load(self, path: Path) -> None:
+        self.state = json.loads((path / "state.json").read_text())
+
+
+def test_policy_and_critic_round_trip_through_a_checkpoint(tmp_path: Path) -> None:
+    policy, critic = _Model({"w": 1.0}), _Model({"v": 2.0})
+    path = save_checkpoint(tmp_path, 3, write_state=lambda p: save_models(p, policy, critic=critic))
+    assert (path / "state.json").is_file()  # the policy at the top, where runs without a critic keep it
+    assert (path / CRITIC_DIR / "state.json").is_file()
+    assert (path / "trainer_state.json").is_file()  # the policy's save did not wipe the trainer's files
+    restored_policy, restored_critic = _Model({}), _Model({})
+    load_checkpoint(path, read_state=lambda p: load_models(p, restored_policy, critic=restored_critic))
+    assert (restored_policy.state, restored_critic.state) == ({"w": 1.0}, {"v": 2.0})
+
+
+def test_critic_run_refuses_a_checkpoint_without_a_critic(tmp_path: Path) -> None:
+    policy = _Model({"w": 1.0})
+    path = save_checkpoint(tmp_path, 1, write_state=lambda p: save_models(p, policy))
+    assert not (path / CRITIC_DIR).exists()
+    with pytest.raises(CheckpointError, match=r"holds no critic .*trainer\.resume_mode=none"):
+        load_checkpoint(path, read_state=lambda p: load_models(p, _Model({}), critic=_Model({})))
+    load_checkpoint(path, read_state=lambda p: load_models(p, _Model({})))  # no critic in the run: fine
 
 
 def test_resave_same_step_replaces_it(tmp_path: Path) -> None:

@@ -280,13 +280,41 @@ def test_unknown_algorithm_names(valid: Config) -> None:
 
 
 def test_algorithm_consistency(valid: Config) -> None:
-    assert "needs a value model: set model.critic_path" in _errors(
-        _replace(valid, "algorithm", advantage_estimator="gae")
-    )
+    message = _errors(_replace(valid, "algorithm", advantage_estimator="gae"))
+    assert "algorithm.advantage_estimator 'gae' needs a value model (critic): set model.critic_path" in message
+    assert f"model.critic_path={valid.model.path} to start the critic from the policy's weights" in message
     both = _replace(valid, "algorithm", use_kl_loss=True, use_kl_in_reward=True)
     assert "choose one" in _errors(both)
     one_sample = _replace(valid, "generator", n_samples_per_prompt=1)
     assert "set generator.n_samples_per_prompt >= 2" in _errors(dataclasses.replace(one_sample, trainer=valid.trainer))
+
+
+def test_gae_with_a_critic(valid: Config, tmp_path: Path) -> None:
+    ppo = _replace(valid, "algorithm", advantage_estimator="gae")
+    validate(_replace(ppo, "model", critic_path=valid.model.path))
+    missing = str(tmp_path / "no-critic")
+    assert f"model.critic_path {missing} does not exist" in _errors(_replace(ppo, "model", critic_path=missing))
+    bad_clip = _replace(_replace(ppo, "model", critic_path=valid.model.path), "algorithm", value_clip=-0.1)
+    assert "algorithm.value_clip must be >= 0 or null" in _errors(bad_clip)
+    validate(_replace(_replace(ppo, "model", critic_path=valid.model.path), "algorithm", value_clip=None))
+
+
+def test_dynamic_sampling_settings(valid: Config) -> None:
+    assert load_config(None, ["algorithm.dynamic_sampling=null"]).algorithm.dynamic_sampling is None
+    assert load_config(None, ["algorithm.dynamic_sampling=filter"]).algorithm.dynamic_sampling == "filter"
+    with pytest.raises(ConfigError, match=r"algorithm\.dynamic_sampling: expected"):
+        load_config(None, ["algorithm.dynamic_sampling=filtr"])
+    validate(_replace(valid, "algorithm", dynamic_sampling="replace"))
+    exhausted = _replace(valid, "algorithm", dynamic_sampling="filter", max_sample_batches=0)
+    assert "algorithm.max_sample_batches must be >= 1, got 0" in _errors(exhausted)
+    ratio = _replace(valid, "algorithm", dynamic_sampling="replace", min_replace_ratio=0.0)
+    assert "algorithm.min_replace_ratio must be in (0, 1], got 0.0" in _errors(ratio)
+    single = _replace(
+        _replace(valid, "algorithm", dynamic_sampling="filter", advantage_estimator="reinforce++"),
+        "generator",
+        n_samples_per_prompt=1,
+    )
+    assert "a group of one never varies: set generator.n_samples_per_prompt >= 2" in _errors(single)
 
 
 def test_missing_model_path_explains_tiny_model(valid: Config, tmp_path: Path) -> None:

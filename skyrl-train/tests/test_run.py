@@ -7,13 +7,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import skyrl_gym
 from skyrl_gym.datasets import make_demo_dataset, write_dataset
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from skyrl_train import cli
+from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.config import Config, ConfigError, load_config
-from skyrl_train.run import run
+from skyrl_train.run import critic_backend_config, run
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +32,38 @@ class DistinctCharsEnv(BaseTextEnv):
         return BaseTextEnvStepOutput(observations=[], reward=reward, done=True, metadata={})
 
 
+class FlatEnv(BaseTextEnv):
+    """Reward 1 whatever the answer: every group of this env has zero reward variance."""
+
+    def __init__(self, env_config: object = None, extras: dict[str, object] | None = None) -> None:
+        super().__init__()
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        return BaseTextEnvStepOutput(observations=[], reward=1.0, done=True, metadata={})
+
+
 @pytest.fixture(autouse=True)
 def distinct_chars_env() -> Iterator[None]:
     skyrl_gym.register("test_distinct_chars", entry_point=DistinctCharsEnv)
+    skyrl_gym.register("test_flat", entry_point=FlatEnv)
     yield
     skyrl_gym.deregister("test_distinct_chars")
+    skyrl_gym.deregister("test_flat")
 
 
-def _config(model: Path, data: Path, run_dir: Path, *extra: str) -> Config:
-    rows = [{**row, "env_class": "test_distinct_chars"} for row in make_demo_dataset("gsm8k", 8)]
+PPO = (
+    "algorithm.advantage_estimator=gae",
+    "algorithm.lambd=0.95",
+    "optim.critic_lr=1e-3",
+)
+
+
+def _config(model: Path, data: Path, run_dir: Path, *extra: str, flat_rows: int = 0) -> Config:
+    """The tiny run; the first ``flat_rows`` training prompts use :class:`FlatEnv` (no reward variance)."""
+    rows = [
+        {**row, "env_class": "test_flat" if index < flat_rows else "test_distinct_chars"}
+        for index, row in enumerate(make_demo_dataset("gsm8k", 8))
+    ]
     train = write_dataset(rows, data / "train", ["jsonl"])[0]
     val = write_dataset(make_demo_dataset("gsm8k", 4, split="test"), data / "val", ["jsonl"])[0]
     return load_config(
@@ -105,6 +131,78 @@ def test_resumed_run_reproduces_the_uninterrupted_metrics(tiny_model_dir: Path, 
     assert sorted(got) == [1, 2, 3, 4]
     for step in (3, 4):
         assert got[step] == expected[step], f"step {step} differs after resume"
+
+
+def test_ppo_with_a_critic_trains_the_value_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    critic = f"model.critic_path={tiny_model_dir}"
+    result = run(
+        _config(tiny_model_dir, tmp_path / "data", tmp_path / "run", critic, *PPO, "trainer.max_training_steps=2")
+    )
+    assert result.global_step == 2
+    metrics = _metrics(result.run_dir)
+    assert sorted(metrics) == [1, 2]
+    for step in metrics.values():
+        assert step["critic/grad_norm"] > 0
+        assert step["policy/grad_norm"] > 0
+        assert 0.0 <= step["critic/vf_clip_frac"] <= 1.0
+        assert step["critic/explained_variance"] <= 1.0
+    assert metrics[1]["critic/value_loss"] != metrics[2]["critic/value_loss"]
+    assert metrics[1]["critic/values_mean"] != metrics[2]["critic/values_mean"]
+    # The critic was checkpointed next to the policy, and its weights moved away from their initial values.
+    assert result.checkpoint is not None
+    saved = load_file(result.checkpoint / "critic" / "model.safetensors")
+    initial = CriticBackend(critic_backend_config(_config(tiny_model_dir, tmp_path / "d0", tmp_path / "r0", critic)))
+    assert not torch.equal(saved["score.weight"], initial.model.state_dict()["score.weight"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "flat_rows", "metric"),
+    [
+        (("model.critic_path={model}", *PPO), 0, "critic/value_loss"),
+        (("algorithm.dynamic_sampling=filter",), 4, "dynamic_sampling/sample_batches"),
+    ],
+    ids=["ppo_critic", "dynamic_sampling_filter"],
+)
+def test_resumed_run_reproduces_the_uninterrupted_metrics_with(
+    extra: tuple[str, ...], flat_rows: int, metric: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # The critic's model and optimizer, and the prompts dynamic sampling drew past the step's own batch, are
+    # part of the checkpoint: resuming must continue exactly where the uninterrupted run was.
+    overrides = [o.format(model=tiny_model_dir) for o in extra]
+
+    def config(data: str, run_dir: str, steps: int) -> Config:
+        limit = f"trainer.max_training_steps={steps}"
+        return _config(tiny_model_dir, tmp_path / data, tmp_path / run_dir, *overrides, limit, flat_rows=flat_rows)
+
+    full = run(config("d1", "full", 4))
+    run(config("d2", "split", 2))
+    resumed = run(config("d2", "split", 4))
+    assert resumed.global_step == 4
+    expected, got = _metrics(full.run_dir), _metrics(resumed.run_dir)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert metric in got[3]
+    for step in (3, 4):
+        assert got[step] == expected[step], f"step {step} differs after resume"
+
+
+def test_dynamic_sampling_filter_draws_more_prompts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Half the prompts never vary in reward, so filling a step's 4 groups needs more than one batch of 4 prompts.
+    config = _config(
+        tiny_model_dir,
+        tmp_path / "data",
+        tmp_path / "run",
+        "algorithm.dynamic_sampling=filter",
+        "trainer.max_training_steps=2",
+        "trainer.eval_before_train=false",
+        flat_rows=4,
+    )
+    result = run(config)
+    assert result.global_step == 2
+    for step in _metrics(result.run_dir).values():
+        assert step["dynamic_sampling/sample_batches"] >= 2
+        assert step["dynamic_sampling/groups_kept"] == 4
+        assert step["dynamic_sampling/groups_informative"] <= step["dynamic_sampling/groups_sampled"] - 2
+        assert step["policy/optimizer_steps"] == 2  # 4 groups in mini-batches of 2: a full step
 
 
 def test_bad_input_fails_before_any_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,8 @@
   registry ``get_policy_loss``.
 - ``reductions``: the one place a per-token loss becomes a scalar (``loss_weights``, ``reduce_loss``).
 - ``off_policy``: truncated importance sampling and sequence masks against the engine's logprobs.
-- ``kl``, ``entropy``, ``value_loss``: KL estimators and controllers, the entropy bonus, the critic loss.
+- ``kl``, ``entropy``, ``value_loss``: KL estimators and controllers, the entropy bonus, the critic loss and
+  its explained variance.
 - ``filtering``: DAPO dynamic sampling and overlong filtering.
 
 See docs/train/algorithms.md for the formulas and defaults.
@@ -27,6 +28,7 @@ from skyrl_train.algorithms.advantages import (
 from skyrl_train.algorithms.entropy import entropy_bonus, entropy_from_logits
 from skyrl_train.algorithms.filtering import (
     DynamicSamplingResult,
+    DynamicSamplingType,
     apply_overlong_filtering,
     filter_groups,
     mask_zero_variance_groups,
@@ -75,7 +77,7 @@ from skyrl_train.algorithms.reductions import (
     reduce_loss,
 )
 from skyrl_train.algorithms.registry import DuplicateNameError, Registry, UnknownNameError
-from skyrl_train.algorithms.value_loss import value_loss
+from skyrl_train.algorithms.value_loss import explained_variance, value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -88,6 +90,7 @@ __all__ = [
     "ClipCovConfig",
     "DuplicateNameError",
     "DynamicSamplingResult",
+    "DynamicSamplingType",
     "FixedKLController",
     "KLController",
     "KLCovConfig",
@@ -108,6 +111,7 @@ __all__ = [
     "dual_clip_loss",
     "entropy_bonus",
     "entropy_from_logits",
+    "explained_variance",
     "filter_groups",
     "gae_advantages",
     "get_advantage_estimator",

@@ -14,10 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from skyrl_train.algorithms.groups import group_stats
+
+DynamicSamplingType = Literal["filter", "replace"]
+"""The dynamic sampling strategies: ``filter_groups`` and ``replace_groups``."""
 
 
 def zero_variance_rows(scores: torch.Tensor, group_index: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The critic's loss for GAE-based PPO."""
+"""The critic's loss for GAE-based PPO, and how well the critic predicts the returns."""
 
 from __future__ import annotations
 
@@ -50,3 +50,30 @@ def value_loss(
         "values_mean": masked_mean(values.detach(), loss_mask).item(),
     }
     return loss, metrics
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 − Var[R − V] / Var[R]`` over the valid tokens: how much of the returns' variance the critic explains.
+
+    1 is a perfect critic, 0 one no better than predicting the mean return, below 0 a worse one. When the
+    returns do not vary (or no token is valid) the ratio is undefined and 0 is returned, a finite value that
+    metric files and comparisons can hold.
+
+    Shapes: ``[B, T]`` float ``values`` and ``returns``, ``[B, T]`` 0/1 ``mask``.
+    """
+    mask = mask.float()
+    count = mask.sum()
+    if count < 1:
+        return 0.0
+    returns = returns.detach().float()
+    residual = returns - values.detach().float()
+    var_returns = _masked_var(returns, mask, count)
+    if var_returns <= 0:
+        return 0.0
+    return float(1.0 - _masked_var(residual, mask, count) / var_returns)
+
+
+def _masked_var(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> float:
+    """Population variance of ``x`` over the tokens where ``mask`` is 1."""
+    mean = (x * mask).sum() / count
+    return float((((x - mean) ** 2) * mask).sum() / count)
