@@ -17,18 +17,19 @@
 #              closing": exit quietly.
 #   After the job the process exits the way `python -c` would; it never serves a second job.
 #
-# Fork server (`server` is a tuple, see _fork_server). The interpreter stays privileged, never runs a snippet
-# itself and forks one child per job; the child becomes the job's private uid and runs the snippet exactly as
-# above, then ends with _finish (the interpreter's shutdown as the snippet sees it, without tearing down the
-# modules the server loaded: that teardown would copy most of the server's memory into the child). Messages on the
-# control socket (SOCK_SEQPACKET, one message each):
-#   server -> library  b"R" ready for a job; b"S" the job's child was forked; b"X <status> <clean>" the child
-#                      exited with <status> (negative: killed by that signal) and every process it left was
-#                      killed; <clean> is 1 when the sandbox is back to its initial state and the server waits for
-#                      the next job, 0 when it could not be restored and the server exits.
-#   library -> server  b"<uid>\n<workdir>" with four descriptors (SCM_RIGHTS): the job pipe (read end, carrying the
-#                      job as above), and the child's stdin, stdout and stderr. uid -1: keep the server's uid;
-#                      workdir empty: keep the server's working directory. An empty message: exit.
+# Fork server (`server` is a tuple, see _fork_server). The interpreter stays privileged and never runs a snippet
+# itself. It forks a child ahead of each job; the child waits for the job on the control socket, becomes the job's
+# private uid and runs the snippet exactly as above, then ends with _finish (the interpreter's shutdown as the
+# snippet sees it, without tearing down the modules the server loaded: that teardown would copy most of the
+# server's memory into the child). Messages on the control socket (SOCK_SEQPACKET, one message each):
+#   server -> library  b"R" ready for a job (a child waits for it); b"S" the child took the job (sent by the
+#                      child); b"X <status>" the child's exit status (negative: killed by that signal), as soon as
+#                      the child reported it after its last output, else once it was reaped. After that the server
+#                      kills every process the job left and restores its sandbox, then sends b"R" again; if the
+#                      sandbox cannot be restored, it exits instead.
+#   library -> server  b"<uid>\n<workdir>\n<timeout_s>" with four descriptors (SCM_RIGHTS): the job pipe (read
+#                      end, carrying the job as above), and the child's stdin, stdout and stderr. uid -1: keep the
+#                      server's uid; workdir empty: keep the server's working directory. An empty message: exit.
 _pristine = dict(globals())
 
 import types  # noqa: E402 -- after the snapshot above; the interpreter has imported it already
@@ -91,11 +92,12 @@ def _serve(
     import gc
 
     gc.freeze()
+    done_fd = -1  # a fork server's child reports its exit status here, after its last output (see _finish)
     if server is None:
         os.write(status_fd, b"R")
         os.close(status_fd)
     else:
-        job_fd = _fork_server(*server)  # returns only in a job's forked child, which goes on below
+        job_fd, done_fd = _fork_server(*server)  # returns only in a job's forked child, which goes on below
 
     chunks = []
     while True:
@@ -160,9 +162,10 @@ def _serve(
     if kind == b"batch":
         # Returns only in each input's own forked process, with that input on its standard streams.
         source, code = _run_batch(
-            body, namespace, report, exit_status, keep_modules, sweep=uid >= 0 or server is not None
+            body, namespace, report, exit_status, keep_modules, sweep=uid >= 0 or server is not None, done_fd=done_fd
         )
         fast_exit = True
+        done_fd = -1  # an input's process: its batch parent watches it
     else:
         source = body.decode("utf-8", "surrogatepass")
     del body
@@ -200,7 +203,7 @@ def _serve(
     if fast_exit:
         # Only sys.modules may keep the snippet's namespace alive now, as at the end of python -c.
         del main, namespace, source, report
-        finish(status, interrupted)
+        finish(status, interrupted, done_fd)
     if interrupted:
         # After an unhandled KeyboardInterrupt python -c shuts down, then re-raises SIGINT on itself. Run the
         # part of the shutdown a snippet can observe (atexit handlers, flushing), then do the same.
@@ -234,10 +237,12 @@ def _run_batch(
     keep_modules: object,
     *,
     sweep: bool,
+    done_fd: int,
 ) -> tuple[str, types.CodeType | None]:
     """In the batch parent: run each input in a forked child; return ``(source, code)`` only in such a child.
 
     ``sweep``: the run has a uid of its own, so ``kill(-1)`` between inputs reaches exactly what an input left.
+    ``done_fd``: where the batch parent reports its end (a fork server's child), or -1.
     """
     import marshal
     import os
@@ -248,6 +253,7 @@ def _run_batch(
     failed_setup = _batch_setup(setup, namespace, report, exit_status)
     if failed_setup is not None:
         _write_all(report_fd, failed_setup)
+        _batch_end(report_fd, done_fd)
         os._exit(0)
     keep_modules()  # type: ignore[operator]
     try:
@@ -269,7 +275,7 @@ def _run_batch(
             prefilled = 0
         pid = os.fork()
         if pid == 0:
-            _batch_child(streams, report_fd)
+            _batch_child(streams, (report_fd, done_fd))
             return source, code
         record, used, ok = _batch_collect(pid, streams, data[prefilled:], started, timeout_s, cap, sweep)
         _write_all(report_fd, record)
@@ -277,6 +283,7 @@ def _run_batch(
             left = max(0, left - used)
         if stop_on_failure and not ok:
             break
+    _batch_end(report_fd, done_fd)
     os._exit(0)
 
 
@@ -308,6 +315,16 @@ def _batch_setup(setup: str, namespace: dict[str, object], report: object, exit_
     return b"%d 0 0 0 0 %d %d\n" % (status, len(out), len(err)) + out + err
 
 
+def _batch_end(report_fd: int, done_fd: int) -> None:
+    """Before the batch parent exits: close its output (the records), report status 0 on ``done_fd`` if any."""
+    import os
+
+    for fd in (0, 1, 2, report_fd):
+        os.close(fd)
+    if done_fd >= 0:
+        os.write(done_fd, b"E 0\n")
+
+
 def _batch_pipes() -> tuple[int, int, int, int, int, int]:
     """``(stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w)`` for one input."""
     import os
@@ -318,14 +335,17 @@ def _batch_pipes() -> tuple[int, int, int, int, int, int]:
     return stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w
 
 
-def _batch_child(streams: tuple[int, int, int, int, int, int], report_fd: int) -> None:
+def _batch_child(streams: tuple[int, int, int, int, int, int], parent_fds: tuple[int, int]) -> None:
     """In an input's forked child: lead a process group of its own, on the input's pipes as descriptors 0-2.
 
-    The report descriptor is closed first: an input must not be able to write records.
+    The batch parent's report and done descriptors are closed first: an input must not write records or end the
+    batch.
     """
     import os
 
-    os.close(report_fd)
+    for fd in parent_fds:
+        if fd >= 0:
+            os.close(fd)
     os.setpgid(0, 0)
     stdin_r, _, _, stdout_w, _, stderr_w = streams
     for target, fd in enumerate((stdin_r, stdout_w, stderr_w)):
@@ -475,8 +495,12 @@ def _write_all(fd: int, data: bytes) -> None:
 # --- Fork server ---------------------------------------------------------------------------------------------------
 
 
-def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...], check_ipc: bool) -> int:
-    """Serve jobs on ``control_fd`` until the library hangs up; return (a job pipe) only in a job's forked child.
+def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...], check_ipc: bool) -> tuple[int, int]:
+    """Serve jobs on ``control_fd`` until the library hangs up; return only in a job's forked child.
+
+    The server forks each job's child before the job arrives (a fork costs a good part of a short job), so a job
+    starts in an already forked process. It returns ``(job_fd, done_fd)``: the job pipe, and where the child
+    reports its exit status.
 
     ``in_namespace``: the server is alone in its own PID namespace (bwrap), so after a job every process but the
     namespace's init and the server is a leftover of that job. ``tidy_dirs``: directories private to this server
@@ -492,35 +516,141 @@ def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...]
     # paths under them (an interpreter living under /tmp); those stay, everything a job adds goes.
     baseline = {directory: frozenset(os.listdir(directory)) for directory in tidy_dirs}
     try:
-        control.send(b"R")
         while True:
-            message, ancillary, _flags, _address = control.recvmsg(1 << 16, _socket.CMSG_SPACE(4 * 4))
-            if not message:
-                os._exit(0)  # the library closes its pool
-            fds = []
-            for level, kind, data in ancillary:
-                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                    fds += [int.from_bytes(data[i : i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)]
-            uid_text, _, workdir = message.decode().partition("\n")
-            uid = int(uid_text)
-            if len(fds) != 4:
-                raise RuntimeError(f"expected 4 descriptors with a job, got {len(fds)}")
+            done_r, done_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                control.close()
-                return _enter_job(fds, uid, workdir)
-            for fd in fds:
-                os.close(fd)
-            control.send(b"S")
-            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            clean = _kill_leftovers(uid, in_namespace) and _empty(baseline) and not (check_ipc and _ipc_objects())
-            control.send(b"X %d %d" % (status, clean))
-            if not clean:
-                os._exit(0)
+                os.close(done_r)
+                return _await_job(control, done_w), done_w
+            os.close(done_w)
+            control.send(b"R")
+            uid = _watch_job(pid, done_r, control, in_namespace)
+            if not (_kill_leftovers(uid, in_namespace) and _empty(baseline) and not (check_ipc and _ipc_objects())):
+                os._exit(0)  # the sandbox could not be restored: never serve again (the pool replaces us)
     except BaseException:
         # A broken server (or a child whose set-up failed) must never serve on: report on stderr and exit.
         sys.excepthook(*sys.exc_info())
         os._exit(70)
+
+
+def _await_job(control: object, done_w: int) -> int:
+    """In a forked child waiting for a job: take it, tell the server its uid and timeout; return the job pipe."""
+    import _socket
+    import os
+    import sys
+
+    message, ancillary, _flags, _address = control.recvmsg(1 << 16, _socket.CMSG_SPACE(4 * 4))  # type: ignore[attr-defined]
+    if not message:
+        os._exit(0)  # the library closes its pool (the server exits when it sees us go without a job)
+    fds = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += [int.from_bytes(data[i : i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)]
+    uid_text, workdir, timeout_text = message.decode().split("\n")
+    uid = int(uid_text)
+    if len(fds) != 4:
+        raise RuntimeError(f"expected 4 descriptors with a job, got {len(fds)}")
+    # Written before the snippet runs, so the server can trust this line (and only this one).
+    os.write(done_w, b"J %d %d\n" % (uid, int(float(timeout_text) * 1000)))
+    control.send(b"S")  # type: ignore[attr-defined]
+    control.close()  # type: ignore[attr-defined]
+    return _enter_job(fds, uid, workdir)
+
+
+def _watch_job(pid: int, done_r: int, control: object, in_namespace: bool) -> int:
+    """In the server: follow a forked child until it exits, relaying its exit status as ``b"X <status>"``.
+
+    Returns the uid of the child's job; exits the server if the child ended without a job (the library closed the
+    pool, or the child's set-up failed). The status is relayed as soon as the child reports it on ``done_r`` (after
+    its last output, see _finish), so the library does not wait for the kernel to tear the child down; a child
+    that ends without a report (killed, or it closed the pipe) is relayed when reaped. A snippet can write a false
+    report, since the pipe is open while it runs: that only ends its own run early (what it prints afterwards is
+    lost), and the server kills it when its timeout has passed, as the library would have.
+    """
+    import os
+    import select
+    import time
+
+    os.set_blocking(done_r, False)
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(done_r, select.POLLIN)
+    uid: int | None = None
+    timeout_s = 0.0
+    reported = listening = False
+    watching = True  # done_r is registered with the poller
+    deadline: float | None = None  # after a report: when a child still alive is killed
+    try:
+        while True:
+            wait = None if deadline is None else max(0.0, (deadline - time.monotonic()) * 1000)
+            events = poller.poll(wait)
+            if not events:
+                _kill_job(uid if uid is not None else -1, in_namespace)
+                deadline = None
+                continue
+            # Read the pipe before looking at the child's exit: a quick child reports and exits before we wake.
+            lines = _done_lines(done_r) if watching else None
+            if watching and lines is None:  # end of the pipe, or we stopped listening
+                poller.unregister(done_r)
+                watching = False
+            for line in lines or ():
+                fields = line.split()
+                if uid is None and len(fields) == 3 and fields[0] == b"J":
+                    uid, timeout_s, listening = int(fields[1]), int(fields[2]) / 1000, True
+                    deadline_at = time.monotonic() + timeout_s + 1.0
+                elif listening and not reported and _exit_report(fields):
+                    control.send(b"X %s" % fields[1])  # type: ignore[attr-defined]
+                    reported, deadline = True, deadline_at
+                else:
+                    listening = watching = False  # anything else is the snippet's doing: ignore the pipe
+            if any(fd == pidfd for fd, _mask in events):
+                break
+    finally:
+        os.close(pidfd)
+        os.close(done_r)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if uid is None:
+        os._exit(0 if status == 0 else 70)
+    if not reported:
+        control.send(b"X %d" % status)  # type: ignore[attr-defined]
+    return uid
+
+
+def _done_lines(done_r: int) -> list[bytes] | None:
+    """The complete lines a child's done pipe holds now (the child writes two), or None at its end.
+
+    A line is written at once and is far shorter than the pipe's atomic write size, so it never arrives in parts;
+    anything that does not end in a newline is not ours and is dropped.
+    """
+    import os
+
+    data = b""
+    while len(data) < 4096:
+        try:
+            chunk = os.read(done_r, 4096)
+        except BlockingIOError:
+            break
+        if not chunk:
+            return None if not data else data.split(b"\n")[:-1]
+        data += chunk
+    return data.split(b"\n")[:-1]
+
+
+def _exit_report(fields: list[bytes]) -> bool:
+    """Whether a line of a child's done pipe, split, is an exit report ``E <status 0-255>``."""
+    if len(fields) != 2 or fields[0] != b"E":
+        return False
+    status = fields[1]
+    return status.isdigit() and len(status) <= 3 and int(status) < 256
+
+
+def _kill_job(uid: int, in_namespace: bool) -> None:
+    """SIGKILL a job's processes: all but init and the server in our PID namespace, else every process of ``uid``."""
+    if in_namespace:
+        _signal_group(-1, _SIGKILL)
+    elif uid >= 0:
+        _kill_all_of(uid)
 
 
 def _enter_job(fds: list[int], uid: int, workdir: str) -> int:
@@ -716,6 +846,7 @@ def _shutdown_functions() -> tuple[types.FunctionType, types.FunctionType, types
         run_exitfuncs=atexit._run_exitfuncs,
         exit=os._exit,
         write=os.write,
+        closerange=os.closerange,
         kill=os.kill,
         getpid=os.getpid,
         signal=_signal.signal,
@@ -725,6 +856,7 @@ def _shutdown_functions() -> tuple[types.FunctionType, types.FunctionType, types
     scope: dict[str, object] = {"__builtins__": dict(original), "_S": captured}
     functions = (
         _finish,
+        _report_exit,
         _exit_status,
         _keep_modules,
         _snippet_modules,
@@ -785,8 +917,12 @@ def _keep_modules() -> None:
     _S.server_modules = frozenset(id(module) for module in _S.server_module_refs)
 
 
-def _finish(status: int, interrupted: bool) -> None:
-    """End the child as the interpreter's shutdown would, as far as the snippet can tell; never returns."""
+def _finish(status: int, interrupted: bool, done_fd: int = -1) -> None:
+    """End the child as the interpreter's shutdown would, as far as the snippet can tell; never returns.
+
+    ``done_fd`` (>= 0 in a fork server's child): after the last output, close the standard streams and report the
+    exit status there, so the library has the whole result before the kernel has torn this process down.
+    """
     try:
         sys, modules, builtins = _S.sys, _S.modules, _S.builtins
         threading = modules.get("threading")
@@ -833,7 +969,18 @@ def _finish(status: int, interrupted: bool) -> None:
             _S.kill(_S.getpid(), _S.sigint)
             status = 130
     finally:
+        if done_fd >= 0 and not interrupted:
+            _report_exit(status, done_fd)
         _S.exit(status)
+
+
+def _report_exit(status: int, done_fd: int) -> None:
+    """Close the standard streams (the library sees them end) and write ``E <status>`` on ``done_fd``."""
+    try:
+        _S.closerange(0, 3)  # ignores descriptors the snippet closed already
+        _S.write(done_fd, b"E %d\n" % (status & 0xFF))
+    except BaseException:
+        pass  # the server then reports the status it reaps
 
 
 def _snippet_modules() -> list[str]:

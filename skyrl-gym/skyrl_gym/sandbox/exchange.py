@@ -184,7 +184,7 @@ class Exchange:
 
     def _begin(self, now: float) -> None:
         try:
-            self.run.begin()
+            self.run.begin(self.limits.timeout_s)
         except SandboxStartError as exc:
             self._start_error = str(exc)
             self._end(now, kill=True)
@@ -196,6 +196,9 @@ class Exchange:
         self.phase = "running"
         self._started_at = now
         self._deadline = now + self.limits.timeout_s
+        # Fresh pipes take a short job and its input at once: one wait for the driver less.
+        for fd in list(self._outgoing):
+            self.on_writable(fd, now)
 
     def _read_stream(self, fd: int, now: float, *, startup: bool = False) -> None:
         while self.run.is_open(fd):

@@ -142,6 +142,12 @@ class ForkServer:
         """A job on this server (which must not have another one running)."""
         return ForkedJob(self)
 
+    def refresh(self) -> None:
+        """While idle: take in what the server reported since (ready again, or gone); non-blocking."""
+        for message in self.read_messages():
+            if message == b"R":
+                self.ready = True
+
     def read_messages(self) -> list[bytes]:
         """The messages waiting on the control socket; ``b""`` last if the server hung up (non-blocking)."""
         messages: list[bytes] = []
@@ -228,38 +234,37 @@ class ForkedJob(Run):
 
     @property
     def server_reusable(self) -> bool:
-        """Whether the server reported a clean state after this job and may take the next one."""
-        return self.server.long_lived and self.server.reusable and self.server.ready and not self._killed
+        """Whether the server may take the next job once it reports ready (it restores its sandbox first)."""
+        return self.server.long_lived and self.server.reusable and not self._killed
 
     def signal_fds(self) -> list[int]:
         """The server's control socket and pidfd, until the job's end was reported or the server died."""
         return [] if self._over else [self.server.control.fileno(), self.server.pidfd]
 
     def on_signal(self, fd: int) -> list[Event]:
-        """Translate the server's messages (``R``, ``S``, ``X status clean``) or its death into events."""
+        """Translate the server's messages (``R``, ``S``, ``X status``) or its death into events."""
         events: list[Event] = []
         if fd == self.server.pidfd:
             self.server.reusable = False
             return [self._server_gone()]
         for message in self.server.read_messages():
-            if message == b"R":
+            if message == b"R":  # before the job: the server waits for it; after: it restored its sandbox
                 self.server.ready = True
-                events.append("ready")
+                if not self._over:
+                    events.append("ready")
+            elif self._over:
+                # The job is over; a hang-up after it is the server's own business (it could not clean up).
+                self.server.reusable = self.server.reusable and bool(message)
             elif message == b"S":
                 self._started = True
                 events.append("started")
             elif message.startswith(b"X "):
-                status, clean = message.split()[1:]
-                self.exit_code = int(status)
-                self.server.ready = clean == b"1"
-                self.server.reusable = self.server.ready
+                self.exit_code = int(message[2:])
                 self._over = True
                 events.append("exited")
-                break  # the job is over; a hang-up after it is the server's own business
             else:  # hang-up (or garbage): the server is gone
                 self.server.reusable = False
                 events.append(self._server_gone())
-                break
         return events
 
     def _server_gone(self) -> Event:
@@ -271,14 +276,14 @@ class ForkedJob(Run):
         self._killed = True
         return "exited"
 
-    def begin(self) -> None:
-        """Send the job's descriptors and uid to the server; it forks the child."""
+    def begin(self, timeout_s: float) -> None:
+        """Send the job's descriptors, uid and timeout to the server's waiting child."""
         server = self.server
         child_ends = [self._job_r, self._stdin_r, self._stdout_w, self._stderr_w]
         try:
             if not server.reusable or has_exited(server.pidfd):
                 raise SandboxStartError("the sandbox fork server exited before it got the job")
-            message = f"{self.uid}\n{self.tmpdir or ''}".encode()
+            message = f"{self.uid}\n{self.tmpdir or ''}\n{timeout_s!r}".encode()
             fds = array.array("i", child_ends)
             server.control.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         except OSError as exc:

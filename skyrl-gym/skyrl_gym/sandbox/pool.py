@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import threading
 import time
 from typing import Final
@@ -60,6 +61,10 @@ class WorkerPool:
         self._idle_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # asyncio waiters
         self._closed = False
         self._pid = os.getpid()
+        # The thread sleeps in poll(2) on this pipe and on the pidfds of the pool's fork servers, so that a server
+        # that dies while idle (it exits when it cannot restore its sandbox after a job) is replaced at once.
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._servers: list[ForkServer] = []  # the pool's own live fork servers, idle or busy
         self._thread = threading.Thread(target=self._maintain, name="skyrl-sandbox-pool", daemon=True)
         self._thread.start()
 
@@ -74,20 +79,42 @@ class WorkerPool:
         deadline = time.monotonic() + wait_s
         with self._idle:
             self._check_open()
-            while not self._ready:
+            while (slot := self._pick()) is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.config.fork_server or not self._busy + self._starting:
                     return None
                 self._idle.wait(remaining)
                 self._check_open()
-            # Fork servers: the most recently used first (its memory is warm). Workers: the oldest first.
-            if self.config.fork_server:
-                slot = self._ready.pop()
-                self._busy += 1
-            else:
-                slot = self._ready.pop(0)
-                self._work.notify()  # a worker serves one run: start its replacement
         return self._open(slot)
+
+    def _pick(self) -> _Slot | None:
+        """Take an idle process out of the pool (call with the lock held), or None.
+
+        Workers: the oldest first. Fork servers: the most recently used one that is ready (its memory is warm),
+        else the most recently used one (it is still restoring its sandbox after its last job, which takes well
+        under a millisecond: its job starts then). A server that exited meanwhile goes to the thread for disposal.
+        """
+        if not self.config.fork_server:
+            if not self._ready:
+                return None
+            self._wake_thread()  # a worker serves one run: start its replacement
+            return self._ready.pop(0)
+        chosen = None
+        for index in range(len(self._ready) - 1, -1, -1):
+            server = self._ready[index]
+            assert isinstance(server, ForkServer)
+            server.refresh()
+            if not server.reusable:
+                self._retiring.append(self._ready.pop(index))
+                self._wake_thread()
+            elif server.ready:
+                chosen = self._ready.pop(index)
+                break
+        if chosen is None and self._ready:
+            chosen = self._ready.pop()
+        if chosen is not None:
+            self._busy += 1
+        return chosen
 
     def busy_or_starting(self) -> bool:
         """Fork servers only: whether one of the pool's servers is busy or being started (so may become idle)."""
@@ -146,7 +173,7 @@ class WorkerPool:
                 leftovers.append(run)  # type: ignore[arg-type]
             if leftovers and not self._closed:
                 self._retiring += leftovers
-                self._work.notify()
+                self._wake_thread()
                 leftovers = []
         if isinstance(run, ForkedJob) and not run.needs_cleanup_thread:
             run.cleanup()  # only gives the uid back: not worth waking the thread
@@ -160,6 +187,7 @@ class WorkerPool:
                 return
             self._closed = True
             self._work.notify_all()
+            self._wake_thread()
             self._wake_idle_waiters(every=True)
         if os.getpid() != self._pid:
             return  # a forked child: the processes and the thread belong to the parent
@@ -170,6 +198,9 @@ class WorkerPool:
             self._ready, self._retiring = [], []
         for leftover in leftovers:
             _dispose(leftover)
+        if not self._thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     @property
     def closed(self) -> bool:
@@ -203,16 +234,45 @@ class WorkerPool:
     def _maintain(self) -> None:
         while True:
             with self._work:
-                while not self._closed and not self._retiring and not self._wants_more():
-                    self._work.wait()
                 if self._closed:
                     return
                 retiring, self._retiring = self._retiring, []
+                self._servers = [server for server in self._servers if server not in retiring]
                 wanted = self._wants_more()
+                watched = [server for server in self._servers if server.reusable]
             for leftover in retiring:
                 _dispose(leftover)
             if wanted:
                 self._refill_one()
+            elif not retiring:
+                self._sleep(watched)
+
+    def _sleep(self, servers: list[ForkServer]) -> None:
+        """Wait until woken or one of ``servers`` dies; an idle server that died goes to the leftovers."""
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        by_pidfd = {server.pidfd: server for server in servers}
+        for pidfd in by_pidfd:
+            poller.register(pidfd, select.POLLIN)
+        events = poller.poll()
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+        with self._work:
+            for fd, _mask in events:
+                server = by_pidfd.get(fd)
+                if server is None:
+                    continue
+                server.reusable = False  # a busy one is retired by its job, which sees the death too
+                if server in self._ready:
+                    self._ready.remove(server)
+                    self._retiring.append(server)
+
+    def _wake_thread(self) -> None:
+        """Wake the pool's thread (call with the lock held): there are leftovers, or a process to start."""
+        self._work.notify()
+        with contextlib.suppress(BlockingIOError):  # full: it is woken already
+            os.write(self._wake_w, b"w")
 
     def _wake_idle_waiters(self, *, every: bool = False) -> None:
         """A process became idle: wake one waiter (a thread and an asyncio one); ``every``: wake them all.
@@ -248,6 +308,8 @@ class WorkerPool:
             self._starting -= 1
             if not self._closed:
                 self._ready.append(slot)
+                if isinstance(slot, ForkServer):
+                    self._servers.append(slot)
                 self._wake_idle_waiters()
                 return
         slot.discard()

@@ -121,8 +121,8 @@ class Run(ABC):
         """Whether the process has reported ready and the job may be handed over with :meth:`begin`."""
 
     @abstractmethod
-    def begin(self) -> None:
-        """Hand the job to the ready process. Raises :class:`SandboxStartError` if it is gone."""
+    def begin(self, timeout_s: float) -> None:
+        """Hand the job (with its wall-clock timeout) to the ready process; :class:`SandboxStartError` if it is gone."""
 
     @abstractmethod
     def stop(self, *, kill: bool) -> None:
@@ -269,8 +269,8 @@ class Worker(Run):
         self._ready = True
         return ["ready"]
 
-    def begin(self) -> None:
-        """Nothing to hand over: the job pipe already belongs to the interpreter."""
+    def begin(self, timeout_s: float) -> None:
+        """Nothing to hand over: the job pipe already belongs to the interpreter, which the library times."""
 
     def stop(self, *, kill: bool) -> None:
         """SIGKILL every process of the run (also after a normal exit: what it left). Safe to repeat.

@@ -140,6 +140,56 @@ def test_a_run_that_times_out_takes_its_server_with_it(one_server: CodeExecutor,
     host.assert_healthy(one_server)
 
 
+def forge_report(payload: bytes, then: str) -> str:
+    """A snippet that prints, writes ``payload`` to every descriptor it has beyond 0-2, then runs ``then``.
+
+    One of those descriptors is where its fork server's child reports its exit status: a snippet can reach it.
+    """
+    return (
+        "import os, time\n"
+        "print('before', flush=True)\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n"
+        f"        os.write(fd, {payload!r})\n"
+        "    except OSError:\n"
+        "        pass\n"
+        f"{then}"
+    )
+
+
+def test_a_false_exit_report_ends_only_its_own_run(one_server: CodeExecutor, host: Any) -> None:
+    server = idle_server(one_server, host)
+    tag = f"{uuid.uuid4().int % 10**6}.123"
+    code = forge_report(b"E 0\n", f"os.execvp('sleep', ['sleep', '{tag}'])\n")
+    result = one_server.run(code, limits=one_server.limits.replace(timeout_s=1.0))
+    # The run ends at the false report, with what it printed before: as if it had exited with status 0 there.
+    assert (result.stdout, result.exit_code, result.timed_out) == ("before\n", 0, False)
+    # The server kills it once its timeout has passed, restores its sandbox and serves on.
+    assert host.wait_until(lambda: not host.processes_with_argument(tag))
+    assert one_server.run("print(6 * 7)").stdout == "42\n"
+    assert idle_server(one_server, host) is server
+    host.assert_healthy(one_server)
+
+
+def test_a_malformed_exit_report_is_ignored(one_server: CodeExecutor, host: Any) -> None:
+    server = idle_server(one_server, host)
+    code = forge_report(b"not a report\nE 0\n", "print('after')\nraise SystemExit(3)\n")
+    result = one_server.run(code)
+    # Garbage first: the server stops listening to the pipe and reports the status it reaps.
+    assert (result.stdout, result.exit_code) == ("before\nafter\n", 3)
+    for payload in (b"E 999\n", b"E -1\n", b"E\n", b"J 0 0\n", b"E 1 2\n"):
+        result = one_server.run(forge_report(payload, "print('after')\nraise SystemExit(4)\n"))
+        assert (result.stdout, result.exit_code) == ("before\nafter\n", 4), payload
+    assert idle_server(one_server, host) is server
+    host.assert_healthy(one_server)
+
+
+def test_an_input_cannot_end_its_batch_early(one_server: CodeExecutor) -> None:
+    code = forge_report(b"E 0\n", "print(input())\n")
+    results = one_server.run_many(code, ["1", "2"])
+    assert [result.stdout for result in results] == ["before\n1\n", "before\n2\n"]
+
+
 def test_each_run_gets_a_private_uid_and_fresh_random_state(one_server: CodeExecutor) -> None:
     code = "import os, random\nprint(os.getuid(), random.random())"
     first, second = (one_server.run(code).stdout.split() for _ in range(2))
