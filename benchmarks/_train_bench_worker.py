@@ -1,17 +1,20 @@
-"""One measurement of ``benchmarks/train_bench.py``, run in a fresh interpreter of the venv under test.
+"""One side of ``benchmarks/train_bench.py``, run in a fresh interpreter of the venv under test.
 
 Tasks:
 
 - ``--impl ours --task train``: skyrl-train's GRPO step, built through ``skyrl_train.run._Session`` (the same
   wiring as the ``skyrl-train`` CLI: TorchBackend, LocalEngine, SkyRLGymGenerator, Trainer); times
   ``trainer.train_step``.
-- ``--impl ours --task engines``: generation throughput of the local engine and the vLLM engine (in-process CPU
-  engine) on the same 64 sequences × 64 tokens, and the weight-sync time into each (vLLM: ``direct`` transport).
-- ``--impl trl --task train``: TRL's ``GRPOTrainer`` on the same model, prompts and reward; times each step with a
-  ``TrainerCallback``.
+- ``--impl trl --task train``: TRL's ``GRPOTrainer`` on the same model, prompts and reward; times each optimizer
+  step from ``on_step_begin`` to ``on_step_end`` of a ``TrainerCallback``.
+- ``--impl ours --task engine --engine local|vllm``: one ``generate`` of the same 64 sequences × 64 tokens per step,
+  then ``sync_weights`` of a policy backend into the engine (vLLM: the in-process CPU engine, ``direct`` transport).
 
-The last line of stdout is the JSON report. Only the standard library is imported at module level, so the same
-file runs in both venvs.
+Lockstep protocol, so that the parent can alternate implementations step by step (a shared machine's load then hits
+both alike): before every step (warm-up ones included) the worker prints ``@ready`` and waits for a ``go`` line on
+stdin; after the step it prints ``@step {json}`` (wall and CPU seconds, …). After the last step it prints
+``@report {json}`` and exits. Other stdout lines (libraries print there) are ignored by the parent. Only the
+standard library is imported at module level, so the same file runs in every venv.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,90 +46,120 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+class Lockstep:
+    """The worker's side of the lockstep protocol (module docstring)."""
+
+    def wait(self) -> None:
+        print("@ready", flush=True)
+        line = sys.stdin.readline()
+        if line.strip() != "go":
+            raise SystemExit(f"stopped by the parent (got {line.strip()!r} instead of 'go')")
+
+    def done(self, record: dict[str, Any]) -> None:
+        print("@step " + json.dumps(record), flush=True)
+
+
+class StepClock:
+    """Wall and process-CPU seconds of one step (CPU counts every thread of the process)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> dict[str, float]:
+        return {"wall_s": time.perf_counter() - self.wall, "cpu_s": time.process_time() - self.cpu}
+
+
+def timed_records(records: list[dict[str, Any]], warmup: int) -> list[dict[str, Any]]:
+    return records[warmup:]
+
+
 # --- ours: training steps -----------------------------------------------------------------------------------------
 
 
-def ours_train(args: argparse.Namespace) -> dict[str, Any]:
+def ours_overrides(args: argparse.Namespace) -> list[str]:
+    """The run config of our side (everything else at its default)."""
+    rows = args.prompts * args.samples
+    return [
+        f"model.path={args.model}",
+        "model.gradient_checkpointing=false",
+        "trainer.remove_padding=false",  # padded micro-batches: packing's block-diagonal mask is slower on a CPU
+        f"data.train_data=[{args.data}]",
+        "data.seed=0",
+        "trainer.seed=0",
+        f"trainer.run_dir={args.run_dir}",
+        f"trainer.train_batch_size={args.prompts}",
+        f"trainer.policy_mini_batch_size={args.prompts}",  # one optimizer step per training step
+        f"trainer.micro_train_batch_size={rows}",
+        f"trainer.micro_forward_batch_size={rows}",
+        f"trainer.max_training_steps={args.warmup + args.steps}",
+        "trainer.eval_before_train=false",
+        "trainer.eval_interval=0",
+        "trainer.ckpt_interval=0",
+        "trainer.resume_mode=none",
+        "trainer.logger=[jsonl]",
+        f"generator.n_samples_per_prompt={args.samples}",
+        f"generator.max_generate_length={args.max_new_tokens}",
+        "generator.temperature=1.0",
+        "generator.batched=true",
+        "algorithm.advantage_estimator=grpo",
+        "optim.lr=1e-6",
+        "optim.scheduler=constant",
+        "environment.env_class=gsm8k",
+    ]
+
+
+def ours_train(args: argparse.Namespace, lockstep: Lockstep) -> dict[str, Any]:
     import skyrl_train
     from skyrl_train.config import load_config, resolve, validate
     from skyrl_train.run import _Session
 
-    total = args.warmup + args.steps
-    config = load_config(
-        None,
-        [
-            f"model.path={args.model}",
-            "model.gradient_checkpointing=false",
-            "trainer.remove_padding=false",  # padded micro-batches (what the quickstart uses on CPU)
-            f"data.train_data=[{args.data}]",
-            "data.seed=0",
-            "trainer.seed=0",
-            f"trainer.run_dir={args.run_dir}",
-            f"trainer.train_batch_size={args.prompts}",
-            f"trainer.policy_mini_batch_size={args.prompts}",  # one optimizer step per training step
-            f"trainer.micro_train_batch_size={args.prompts * args.samples}",
-            f"trainer.micro_forward_batch_size={args.prompts * args.samples}",
-            f"trainer.max_training_steps={total}",
-            "trainer.eval_before_train=false",
-            "trainer.eval_interval=0",
-            "trainer.ckpt_interval=0",
-            "trainer.resume_mode=none",
-            "trainer.logger=[jsonl]",
-            f"generator.n_samples_per_prompt={args.samples}",
-            f"generator.max_generate_length={args.max_new_tokens}",
-            "generator.temperature=1.0",
-            "generator.batched=true",
-            "algorithm.advantage_estimator=grpo",
-            "optim.lr=1e-6",
-            "optim.scheduler=constant",
-            "environment.env_class=gsm8k",
-        ],
-    )
-    config = resolve(config)
+    config = resolve(load_config(None, ours_overrides(args)))
     validate(config)
 
     async def main() -> dict[str, Any]:
         session = await _Session.open(config)
         trainer = session.trainer
         generate = trainer.generator.generate
-        lengths: list[list[int]] = []
+        lengths: list[int] = []
 
         async def counting_generate(batch: Any) -> Any:
             output = await generate(batch)
-            lengths.append([len(r) for r in output.response_ids])
+            lengths[:] = [len(r) for r in output.response_ids]
             return output
 
         trainer.generator.generate = counting_generate  # type: ignore[method-assign]
-        step_s: list[float] = []
-        breakdown: list[dict[str, float]] = []
+        records: list[dict[str, Any]] = []
         batches = session.loader.stream()
         try:
-            for index in range(total):
+            for index in range(args.warmup + args.steps):
                 prompts = next(batches)
-                start = time.perf_counter()
+                lockstep.wait()
+                clock = StepClock()
                 metrics = await trainer.train_step(prompts)
-                elapsed = time.perf_counter() - start
-                if index >= args.warmup:
-                    step_s.append(elapsed)
-                    breakdown.append({k: v for k, v in metrics.items() if k.startswith("timing/")})
-                print(f"ours step {index + 1}/{total}: {elapsed:.2f} s", file=sys.stderr, flush=True)
+                record = clock.read()
+                record["breakdown_s"] = {k: v for k, v in metrics.items() if k.startswith("timing/")}
+                record["tokens"] = sum(lengths)
+                record["completions"] = len(lengths)
+                records.append(record)
+                lockstep.done(record)
+                print(f"ours step {index + 1}: {record['wall_s']:.2f} s", file=sys.stderr, flush=True)
         finally:
             await session.close()
-        timed_lengths = lengths[args.warmup :]
-        tokens = [sum(x) for x in timed_lengths]
-        gen_s = [b["timing/generate_s"] for b in breakdown]
-        keys = sorted(breakdown[0]) if breakdown else []
+        timed = timed_records(records, args.warmup)
+        keys = sorted(timed[0]["breakdown_s"]) if timed else []
         return {
             "impl": "ours",
             "task": "train",
             "version": getattr(skyrl_train, "__version__", "dev"),
             "skyrl_train_file": skyrl_train.__file__,
-            "step_s": step_s,
-            "median_step_s": statistics.median(step_s),
-            "breakdown_median_s": {k: statistics.median(b[k] for b in breakdown) for k in keys},
-            "completions_per_step": len(timed_lengths[0]) if timed_lengths else 0,
-            "mean_completion_tokens": statistics.mean(t / len(x) for t, x in zip(tokens, timed_lengths, strict=True)),
-            "gen_tokens_per_s": statistics.median(t / s for t, s in zip(tokens, gen_s, strict=True)),
+            "steps": records,
+            "step_s": [r["wall_s"] for r in timed],
+            "median_step_s": statistics.median(r["wall_s"] for r in timed),
+            "median_cpu_s": statistics.median(r["cpu_s"] for r in timed),
+            "breakdown_median_s": {k: statistics.median(r["breakdown_s"][k] for r in timed) for k in keys},
+            "completions_per_step": timed[0]["completions"] if timed else 0,
+            "mean_completion_tokens": statistics.mean(r["tokens"] / r["completions"] for r in timed),
+            "gen_tokens_per_s": statistics.median(r["tokens"] / r["breakdown_s"]["timing/generate_s"] for r in timed),
             "torch_threads": _torch_threads(),
         }
 
@@ -141,7 +175,8 @@ def _torch_threads() -> int:
 # --- ours: engines ------------------------------------------------------------------------------------------------
 
 
-def ours_engines(args: argparse.Namespace) -> dict[str, Any]:
+def ours_engine(args: argparse.Namespace, lockstep: Lockstep) -> dict[str, Any]:
+    """Generation throughput and weight-sync time of one engine, one lockstep step per generate call."""
     from transformers import AutoTokenizer
 
     from skyrl_train.backends import BackendConfig, TorchBackend
@@ -156,77 +191,54 @@ def ours_engines(args: argparse.Namespace) -> dict[str, Any]:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         prompts += [ids] * args.samples
     backend = TorchBackend(BackendConfig(model_path=str(args.model), seed=0))
-    report: dict[str, Any] = {"impl": "ours", "task": "engines", "sequences": len(prompts)}
+    report: dict[str, Any] = {"impl": "ours", "task": "engine", "engine": args.engine, "sequences": len(prompts)}
 
-    async def measure(engine: Any) -> dict[str, Any]:
-        rates, lengths, syncs = [], [], []
-        for index in range(args.warmup + args.repeats):
-            params = SamplingParams(max_tokens=args.max_new_tokens, temperature=1.0, seed=1000 * index)
-            start = time.perf_counter()
-            outputs = await engine.generate(prompts, params)
-            elapsed = time.perf_counter() - start
-            count = sum(len(o.token_ids) for o in outputs)
-            sync = await sync_weights(backend, engine)
-            if index >= args.warmup:
-                rates.append(count / elapsed)
-                lengths.append(count / len(outputs))
-                syncs.append(sync)
-        return {
-            "gen_tokens_per_s": statistics.median(rates),
-            "gen_tokens_per_s_all": rates,
-            "mean_completion_tokens": statistics.mean(lengths),
-            "weight_sync_s": statistics.median(syncs),
-            "weight_sync_s_all": syncs,
-        }
-
-    async def run_local() -> dict[str, Any]:
-        engine = create_engine("local", args.model, seed=0)
-        try:
-            return await measure(engine)
-        finally:
-            await engine.close()
-
-    report["local"] = asyncio.run(run_local())
-    print(f"local engine: {report['local']}", file=sys.stderr, flush=True)
-
-    try:
-        import vllm
-    except Exception as exc:
-        report["vllm"] = None
-        report["vllm_note"] = f"vLLM not importable ({type(exc).__name__}: {exc})"
-        return report
-
-    async def run_vllm() -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
         started = time.perf_counter()
-        engine = create_engine(
-            "vllm",
-            args.model,
-            seed=0,
-            max_model_len=512,
-            weight_transport="direct",
-            kv_cache_memory_bytes=1 << 30,
-        )
-        try:
+        if args.engine == "local":
+            engine = create_engine("local", args.model, seed=0)
+        else:
+            engine = create_engine(
+                "vllm", args.model, seed=0, max_model_len=512, weight_transport="direct", kv_cache_memory_bytes=1 << 30
+            )
             await engine.wait_ready()  # type: ignore[attr-defined]
-            start_s = time.perf_counter() - started
-            result = await measure(engine)
-            result.update(start_s=start_s, transport=engine.weight_transport, version=vllm.__version__)  # type: ignore[attr-defined]
-            return result
+        report["start_s"] = time.perf_counter() - started
+        records: list[dict[str, Any]] = []
+        try:
+            for index in range(args.warmup + args.steps):
+                params = SamplingParams(max_tokens=args.max_new_tokens, temperature=1.0, seed=1000 * index)
+                lockstep.wait()
+                clock = StepClock()
+                outputs = await engine.generate(prompts, params)
+                record = clock.read()
+                record["tokens"] = sum(len(o.token_ids) for o in outputs)
+                record["sync_s"] = await sync_weights(backend, engine)
+                records.append(record)
+                lockstep.done(record)
         finally:
             await engine.close()
+        timed = timed_records(records, args.warmup)
+        result = {
+            "steps": records,
+            "gen_tokens_per_s": statistics.median(r["tokens"] / r["wall_s"] for r in timed),
+            "gen_tokens_per_cpu_s": statistics.median(r["tokens"] / r["cpu_s"] for r in timed),
+            "mean_completion_tokens": statistics.mean(r["tokens"] / len(prompts) for r in timed),
+            "weight_sync_s": statistics.median(r["sync_s"] for r in timed),
+        }
+        if args.engine == "vllm":
+            import vllm
 
-    try:
-        report["vllm"] = asyncio.run(run_vllm())
-    except Exception as exc:
-        report["vllm"] = None
-        report["vllm_note"] = f"vLLM engine failed ({type(exc).__name__}: {exc})"
+            result.update(transport=engine.weight_transport, version=vllm.__version__)  # type: ignore[attr-defined]
+        return result
+
+    report.update(asyncio.run(main()))
     return report
 
 
 # --- TRL ----------------------------------------------------------------------------------------------------------
 
 
-def trl_train(args: argparse.Namespace) -> dict[str, Any]:
+def trl_train(args: argparse.Namespace, lockstep: Lockstep) -> dict[str, Any]:
     import torch
     import transformers
     import trl
@@ -251,7 +263,7 @@ def trl_train(args: argparse.Namespace) -> dict[str, Any]:
         per_device_train_batch_size=n_completions,  # completions per device batch: the whole step
         gradient_accumulation_steps=1,
         steps_per_generation=1,
-        num_iterations=1,  # one update per generation batch
+        num_iterations=1,  # one update per generation batch (TRL then skips its old-log-prob forward)
         num_generations=args.samples,
         max_completion_length=args.max_new_tokens,
         temperature=1.0,
@@ -273,67 +285,74 @@ def trl_train(args: argparse.Namespace) -> dict[str, Any]:
     )
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    records: list[dict[str, Any]] = []
+    gen_s: list[float] = []
+    lengths: list[float] = []
 
-    class Timer(TrainerCallback):
+    class Lockstepped(TrainerCallback):
         def __init__(self) -> None:
-            self.step_s: list[float] = []
-            self.logs: list[dict[str, float]] = []
-            self._start = 0.0
+            self._clock: StepClock | None = None
 
         def on_step_begin(self, *_: Any, **__: Any) -> None:
-            self._start = time.perf_counter()
+            lockstep.wait()
+            self._clock = StepClock()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.step_s.append(time.perf_counter() - self._start)
-            print(f"trl step {len(self.step_s)}/{total}: {self.step_s[-1]:.2f} s", file=sys.stderr, flush=True)
+            assert self._clock is not None
+            record: dict[str, Any] = self._clock.read()
+            record["generate_s"] = gen_s[-1] if len(gen_s) == len(records) + 1 else None
+            records.append(record)
+            lockstep.done(record)
+            print(f"trl step {len(records)}/{total}: {record['wall_s']:.2f} s", file=sys.stderr, flush=True)
 
         def on_log(self, _args: Any, _state: Any, _control: Any, logs: dict[str, Any] | None = None, **__: Any) -> None:
             if logs and "completions/mean_length" in logs:
-                self.logs.append(dict(logs))
+                lengths.append(float(logs["completions/mean_length"]))
 
-    timer = Timer()
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[timer],
+        callbacks=[Lockstepped()],
     )
-    generate = trainer.model.generate
-    gen_s: list[float] = []
-
-    def timed_generate(*a: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
-        out = generate(*a, **kw)
-        gen_s.append(time.perf_counter() - start)
-        return out
-
-    trainer.model.generate = timed_generate  # type: ignore[method-assign]
+    trainer.model.generate = _timed(trainer.model.generate, gen_s)  # type: ignore[method-assign]
     trainer.train()
-    step_s = timer.step_s[args.warmup :]
-    logs = timer.logs[args.warmup :]
-    lengths = [float(log["completions/mean_length"]) for log in logs]
-    timed_gen = gen_s[args.warmup :] if len(gen_s) == total else []
+    timed = timed_records(records, args.warmup)
+    timed_lengths = lengths[args.warmup :]
     report: dict[str, Any] = {
         "impl": "trl",
         "task": "train",
         "version": trl.__version__,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "step_s": step_s,
-        "median_step_s": statistics.median(step_s),
+        "steps": records,
+        "step_s": [r["wall_s"] for r in timed],
+        "median_step_s": statistics.median(r["wall_s"] for r in timed),
+        "median_cpu_s": statistics.median(r["cpu_s"] for r in timed),
         "completions_per_step": n_completions,
-        "mean_completion_tokens": statistics.mean(lengths) if lengths else None,
+        "mean_completion_tokens": statistics.mean(timed_lengths) if timed_lengths else None,
         "generate_calls": len(gen_s),
         "torch_threads": torch.get_num_threads(),
     }
-    if timed_gen and lengths:
-        report["breakdown_median_s"] = {"timing/generate_s": statistics.median(timed_gen)}
+    generate_s = [r["generate_s"] for r in timed]
+    if timed_lengths and all(s is not None for s in generate_s) and len(timed_lengths) == len(generate_s):
+        report["breakdown_median_s"] = {"timing/generate_s": statistics.median(generate_s)}
         report["gen_tokens_per_s"] = statistics.median(
-            n_completions * length / s for length, s in zip(lengths, timed_gen, strict=True)
+            n_completions * length / s for length, s in zip(timed_lengths, generate_s, strict=True)
         )
     return report
+
+
+def _timed(fn: Callable[..., Any], seconds: list[float]) -> Callable[..., Any]:
+    def timed(*a: Any, **kw: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*a, **kw)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    return timed
 
 
 # --- main ---------------------------------------------------------------------------------------------------------
@@ -342,26 +361,27 @@ def trl_train(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--impl", choices=("ours", "trl"), required=True)
-    parser.add_argument("--task", choices=("train", "engines"), required=True)
+    parser.add_argument("--task", choices=("train", "engine"), required=True)
+    parser.add_argument("--engine", choices=("local", "vllm"), default="local", help="engine task: which engine")
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (engine task: generate calls)")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5, help="engines task: timed generate calls")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    lockstep = Lockstep()
     if args.impl == "trl":
-        report = trl_train(args)
+        report = trl_train(args, lockstep)
     elif args.task == "train":
-        report = ours_train(args)
+        report = ours_train(args, lockstep)
     else:
-        report = ours_engines(args)
+        report = ours_engine(args, lockstep)
     report["python"] = sys.executable
-    print(json.dumps(report))
+    print("@report " + json.dumps(report), flush=True)
     return 0
 
 

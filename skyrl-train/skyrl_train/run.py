@@ -19,6 +19,7 @@ from typing import Any
 from skyrl_train import checkpoint
 from skyrl_train.backends import BackendConfig, LoraConfig, OptimizerConfig, TorchBackend
 from skyrl_train.backends.critic import CriticBackend
+from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.config import Config, build_components, record_config, resolve, to_dict, validate
 from skyrl_train.data.dataset import PromptDataset, PromptRecord
 from skyrl_train.data.loader import PromptLoader
@@ -195,13 +196,17 @@ class _Session:
     def _build(self) -> None:
         config = self.config
         components = build_components(config)
-        policy = TorchBackend(backend_config(config))
+        inference = config.inference
+        # With the local engine, every model of the run computes on one thread (skyrl_train.compute_thread: why).
+        self.compute = ComputeThread() if inference.engine == "local" else None
+        compute = self.compute
+        policy = TorchBackend(backend_config(config), compute)
         ref = None
         if config.algorithm.use_kl_loss or config.algorithm.use_kl_in_reward:
-            ref = TorchBackend(backend_config(config, path=config.model.ref_path, trainable=False))
-        critic = CriticBackend(critic_backend_config(config)) if config.model.critic_path else None
-        inference = config.inference
-        self.engine = create_engine(inference.engine, config.model.path, **_engine_options(config))
+            ref = TorchBackend(backend_config(config, path=config.model.ref_path, trainable=False), compute)
+        critic = CriticBackend(critic_backend_config(config), compute) if config.model.critic_path else None
+        options = _engine_options(config)
+        self.engine = create_engine(inference.engine, config.model.path, compute=compute, **options)
         generator = SkyRLGymGenerator(self.engine, self.tokenizer, generator_config(config))
         self.tracker = Tracker.create(
             config.trainer.logger,
@@ -226,6 +231,7 @@ class _Session:
             critic=critic,
             kl_controller=components.kl_controller,
             sink=self.tracker,
+            compute=compute,
         )
 
     def total_steps(self) -> int:
@@ -315,6 +321,8 @@ class _Session:
             maybe = close()
             if asyncio.iscoroutine(maybe):
                 await maybe
+        if self.compute is not None:
+            await asyncio.to_thread(self.compute.close)
 
 
 def _engine_options(config: Config) -> dict[str, Any]:

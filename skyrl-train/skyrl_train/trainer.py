@@ -7,7 +7,8 @@ One step, in order::
 
     prompts ──generator──► trajectories ──► Experience (token rewards, masks, rollout log-probs, groups)
         (dynamic sampling: more prompt batches, or copies of groups, until every group's rewards vary)
-        old_log_probs = policy.forward(batch)              (the policy that sampled, as the trainer computes it)
+        old_log_probs = policy.forward(batch)              (the policy that sampled, as the trainer computes it;
+                                                            skipped when the update's own forward pass gives them)
         ref_log_probs = ref.forward(batch)                 (when a KL term needs it)
         values = critic.forward(batch)                     (when there is a critic: PPO with GAE)
         rewards −= β·KL                                    (KL in reward, optional)
@@ -20,6 +21,15 @@ One step, in order::
 Metrics per step include the mean ``|rollout log-prob − trainer log-prob|`` over generated tokens
 (``policy/rollout_logprob_gap``): on an on-policy step it measures how far the engine's numerics are from the
 trainer's, and must stay small.
+
+One update on the policy that sampled. With one update epoch over one mini-batch, the single training forward
+pass runs on exactly the weights the old log-probs would be computed with (no optimizer step comes between them),
+so when that forward computes what ``policy.forward`` computes (the backend reports no active dropout) the old
+log-probs are its detached log-probs, and the separate no-grad pass is skipped (as TRL does with
+``num_iterations=1``). The ratio is then exactly 1 where the separate pass would give ``1 ± float error``; values
+and gradients are otherwise the same. ``policy/rollout_logprob_gap`` then comes from the training forward.
+``LoopSettings.reuse_update_log_probs=False`` always runs the separate pass; a KL penalty in the reward needs the
+old log-probs before the update, so it does too.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import torch
 
@@ -45,7 +55,8 @@ from skyrl_train.algorithms import (
     masked_mean,
 )
 from skyrl_train.algorithms.kl import KLEstimatorName
-from skyrl_train.backends.base import LossFn, TrainingBackend, TrainingBatch
+from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBackend, TrainingBatch
+from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.data.dataset import PromptRecord
 from skyrl_train.dynamic_sampling import (
     DynamicSamplingError,
@@ -58,6 +69,8 @@ from skyrl_train.inference.base import InferenceEngine, SamplingParams
 from skyrl_train.objective import Objective, add_token_weights, make_loss_fn, make_value_loss_fn
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 Metrics = dict[str, float]
 PromptSource = Callable[[], Sequence[PromptRecord]]
@@ -89,6 +102,7 @@ class LoopSettings:
     min_replace_ratio: float = 0.3  # "replace": informative share of a batch needed to copy from it
     value_clip: float | None = 0.2  # critic: how far a value may move from its value at collection; None: no clip
     logprob_temperature: float = 1.0  # must equal the sampling temperature
+    reuse_update_log_probs: bool = True  # one update on one mini-batch: old log-probs from its forward pass
     eval_n_samples_per_prompt: int = 1
     seed: int = 0
 
@@ -109,6 +123,7 @@ class Trainer:
     critic: TrainingBackend | None = None  # a value model (CriticBackend); advantages then get its values
     kl_controller: KLController | None = None
     sink: MetricsSink | None = None
+    compute: ComputeThread | None = None  # where the loop's tensor work runs (the thread its models compute on)
     global_step: int = 0
     callbacks: list[Callable[[Trainer, Metrics], None]] = field(default_factory=list)
 
@@ -126,10 +141,11 @@ class Trainer:
         experience, metrics = await self._rollout(prompts, next_prompts)
         timings["timing/generate_s"] = time.monotonic() - start
         start = time.monotonic()
-        self._prepare(experience, metrics)
+        reuse = self._reuses_update_forward(experience)
+        await self._computed(self._prepare, experience, metrics, old_log_probs=not reuse)
         timings["timing/prepare_s"] = time.monotonic() - start
         start = time.monotonic()
-        metrics.update(self._update(experience))
+        metrics.update(await self._computed(self._update, experience, reuse_forward=reuse))
         timings["timing/update_s"] = time.monotonic() - start
         timings["timing/weight_sync_s"] = await self.sync_weights()
         self.global_step += 1
@@ -137,6 +153,16 @@ class Trainer:
         metrics["timing/step_s"] = sum(timings.values())
         self._emit(metrics)
         return metrics
+
+    async def _computed(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)``, on the compute thread when there is one (see ``skyrl_train.compute_thread``).
+
+        Tensor work of the loop itself (advantages, mini-batch selection) then shares the thread of the model work,
+        and the event loop keeps running meanwhile.
+        """
+        if self.compute is None:
+            return fn(*args, **kwargs)
+        return await self.compute.acall(fn, *args, **kwargs)
 
     async def _rollout(
         self, prompts: Sequence[PromptRecord], next_prompts: PromptSource | None
@@ -193,12 +219,26 @@ class Trainer:
             global_step=self.global_step,
         )
 
-    def _prepare(self, experience: Experience, metrics: Metrics) -> None:
-        """Fill old/ref log-probs and advantages into ``experience.batch.tensors``."""
+    def _reuses_update_forward(self, experience: Experience) -> bool:
+        """Whether the update's forward pass can give the old log-probs (see "One update" in the module docstring)."""
+        s = self.settings
+        if not s.reuse_update_log_probs or s.update_epochs_per_batch != 1 or s.use_kl_in_reward:
+            return False
+        if experience.num_groups > s.policy_mini_batch_size:  # more than one mini-batch: later ones are off-policy
+            return False
+        has_active_dropout = getattr(self.policy, "has_active_dropout", None)
+        return has_active_dropout is not None and not has_active_dropout()
+
+    def _prepare(self, experience: Experience, metrics: Metrics, *, old_log_probs: bool = True) -> None:
+        """Fill old log-probs (unless ``old_log_probs`` is False), ref log-probs and advantages into the batch."""
         batch = experience.batch
         temperature = self.settings.logprob_temperature
-        batch.tensors["old_log_probs"] = self.policy.forward(batch, temperature=temperature).log_probs.detach()
-        metrics["policy/rollout_logprob_gap"] = _logprob_gap(batch)
+        if old_log_probs:
+            batch.tensors["old_log_probs"] = self.policy.forward(batch, temperature=temperature).log_probs.detach()
+            metrics["policy/rollout_logprob_gap"] = _logprob_gap(batch)
+        else:
+            # The gap is measured on the training forward, over the tokens generated (before any filter below).
+            batch.tensors[_GAP_MASK] = batch.response_mask
         if self.ref is not None:
             batch.tensors["ref_log_probs"] = self.ref.forward(batch, temperature=temperature).log_probs.detach()
         if self.critic is not None:
@@ -236,14 +276,19 @@ class Trainer:
             metrics["critic/explained_variance"] = explained_variance(values, returns, mask)
             metrics["critic/returns_mean"] = masked_mean(returns, mask).item()
 
-    def _update(self, experience: Experience) -> Metrics:
+    def _update(self, experience: Experience, *, reuse_forward: bool = False) -> Metrics:
         """Update epochs over mini-batches of whole prompt groups; return averaged loss metrics.
 
         The critic, when there is one, takes an optimizer step on each mini-batch right after the policy: both
         learn from the same shuffled mini-batches, and neither update changes what the other one sees (the old
-        log-probs, values, advantages and returns were all computed before the first update).
+        log-probs, values, advantages and returns were all computed before the first update). With
+        ``reuse_forward`` the batch has no old log-probs: each micro-batch takes the detached log-probs of its own
+        forward pass, and the rollout log-prob gap is measured there.
         """
         loss_fn = make_loss_fn(self.objective)
+        gap = _GapSum()
+        if reuse_forward:
+            loss_fn = _with_current_as_old(loss_fn, gap)
         value_loss_fn = make_value_loss_fn(self.settings.value_clip)
         sums: defaultdict[str, float] = defaultdict(float)
         count = 0
@@ -268,7 +313,16 @@ class Trainer:
                 count += 1
         metrics = {k if "/" in k else f"policy/{k}": v / count for k, v in sums.items()} if count else {}
         metrics["policy/optimizer_steps"] = float(count)
+        if reuse_forward:
+            metrics["policy/rollout_logprob_gap"] = gap.mean() if gap.tokens else self._measure_gap(experience.batch)
         return metrics
+
+    def _measure_gap(self, batch: TrainingBatch) -> float:
+        """The rollout log-prob gap from a separate forward pass (when no training forward ran to measure it)."""
+        log_probs = self.policy.forward(batch, temperature=self.settings.logprob_temperature).log_probs.detach()
+        gap = _GapSum()
+        gap.add(log_probs, batch)
+        return gap.mean()
 
     def _mini_batches(self, group_index: torch.Tensor, rng: random.Random) -> Iterator[torch.Tensor]:
         """Row indices of each mini-batch: ``policy_mini_batch_size`` whole groups, groups in shuffled order."""
@@ -353,6 +407,44 @@ def _critic_step(critic: TrainingBackend, mini: TrainingBatch, loss_fn: LossFn) 
     stats["value_loss"] = stats.pop("loss")
     stats.update(critic.optim_step())
     return {key if "/" in key else f"critic/{key}": value for key, value in stats.items()}
+
+
+_GAP_MASK = "logprob_gap_mask"
+"""``tensors`` key of the ``[B, T]`` mask the rollout log-prob gap is measured over, when the update measures it."""
+
+
+@dataclass
+class _GapSum:
+    """Running sums for ``policy/rollout_logprob_gap`` over micro-batches (the mean of all their tokens)."""
+
+    total: float = 0.0
+    tokens: float = 0.0
+
+    def add(self, log_probs: torch.Tensor, batch: TrainingBatch) -> None:
+        """Add ``|rollout − log_probs|`` ``[b, T]`` over the batch's generated tokens."""
+        mask = batch.tensors.get(_GAP_MASK, batch.response_mask)
+        gap = (batch.tensors["rollout_log_probs"] - log_probs.to(mask.device)).abs()
+        self.total += float((gap * mask).sum())
+        self.tokens += float(mask.sum())
+
+    def mean(self) -> float:
+        """The mean gap; 0 over no tokens (as ``masked_mean``)."""
+        return self.total / max(self.tokens, 1.0)
+
+
+def _with_current_as_old(loss_fn: LossFn, gap: _GapSum) -> LossFn:
+    """``loss_fn`` with the micro-batch's old log-probs taken from the output's detached log-probs.
+
+    Only valid when the forward pass runs on the weights that sampled the batch and computes what a no-grad forward
+    would (see "One update" in the module docstring); the gap to the rollout log-probs is added to ``gap``.
+    """
+
+    def on_policy_loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        current = output.log_probs.detach()
+        gap.add(current, batch)
+        return loss_fn(output, replace(batch, tensors={**batch.tensors, "old_log_probs": current}))
+
+    return on_policy_loss_fn
 
 
 def _logprob_gap(batch: TrainingBatch) -> float:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,9 +16,11 @@ import skyrl_gym
 from skyrl_gym.datasets import make_demo_dataset, write_dataset
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from skyrl_train import cli
+from skyrl_train.backends import TorchBackend
 from skyrl_train.backends.critic import CriticBackend
-from skyrl_train.config import Config, ConfigError, load_config
-from skyrl_train.run import critic_backend_config, run
+from skyrl_train.config import Config, ConfigError, load_config, resolve, validate
+from skyrl_train.inference.local import LocalEngine
+from skyrl_train.run import _Session, critic_backend_config, run
 
 pytestmark = pytest.mark.slow
 
@@ -217,3 +221,39 @@ def test_bad_input_fails_before_any_model_loads(tmp_path: Path, capsys: pytest.C
     assert "policy_mini_batch_size" in err
     assert cli.main(["environment.env_class=gsm9k", "model.path=/nonexistent"]) == 2
     assert "gsm9k" in capsys.readouterr().err
+
+
+def test_one_mini_batch_step_reuses_the_update_forward_on_one_compute_thread(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    extra = ("trainer.policy_mini_batch_size=4", "trainer.eval_before_train=false")  # one mini-batch per step
+    config = resolve(_config(tiny_model_dir, tmp_path / "data", tmp_path / "run", *extra))
+    validate(config)
+
+    async def one_step() -> tuple[dict[str, float], int]:
+        session = await _Session.open(config)
+        try:
+            policy = session.trainer.policy
+            assert isinstance(policy, TorchBackend)
+            assert isinstance(session.engine, LocalEngine)
+            assert session.compute is not None
+            assert policy.compute is session.compute
+            assert session.engine._compute is session.compute
+            forwards = 0
+            forward = policy.forward
+
+            def counting_forward(*args: Any, **kwargs: Any) -> Any:
+                nonlocal forwards
+                forwards += 1
+                return forward(*args, **kwargs)
+
+            policy.forward = counting_forward  # type: ignore[method-assign]
+            metrics = await session.trainer.train_step(next(session.loader.stream()))
+        finally:
+            await session.close()
+        return metrics, forwards
+
+    metrics, forwards = asyncio.run(one_step())
+    assert forwards == 0  # the old log-probs came from the update's forward pass
+    assert metrics["policy/optimizer_steps"] == 1.0
+    assert metrics["policy/rollout_logprob_gap"] < 1e-3  # engine and training forward agree

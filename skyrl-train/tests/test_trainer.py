@@ -1,8 +1,11 @@
-"""The loop with dynamic sampling, over scripted rollouts and the tiny policy: which rows it trains on."""
+"""The loop over scripted rollouts and the tiny policy: which rows dynamic sampling trains on, and that taking the
+old log-probs from the update's own forward pass changes neither losses nor gradients."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ import torch
 
 from skyrl_train.algorithms import PolicyLossConfig
 from skyrl_train.backends import BackendConfig, LossFn, TorchBackend, TrainingBatch
+from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.data.dataset import PromptRecord
 from skyrl_train.dynamic_sampling import DynamicSamplingError
 from skyrl_train.generators.base import GeneratorInput, GeneratorOutput
@@ -70,11 +74,20 @@ def _prompts(*uids: str) -> list[PromptRecord]:
     return [PromptRecord([{"role": "user", "content": uid}], "scripted", {}, uid) for uid in uids]
 
 
-def _trainer(model_dir: Path, flat: set[str], **settings: Any) -> tuple[Trainer, list[TrainingBatch]]:
-    """A trainer over scripted rollouts; the returned list collects every mini-batch the policy trains on."""
+def _trainer(
+    model_dir: Path, flat: set[str], micro_batch_sizes: tuple[int, int] = (2, 8), **settings: Any
+) -> tuple[Trainer, list[TrainingBatch]]:
+    """A trainer over scripted rollouts; the returned list collects every mini-batch the policy trains on.
+
+    ``micro_batch_sizes``: rows per micro-batch of the update and of no-grad forwards.
+    """
+    train_rows, forward_rows = micro_batch_sizes
     policy = TorchBackend(
         BackendConfig(
-            str(model_dir), gradient_checkpointing=False, micro_train_batch_size=2, micro_forward_batch_size=8
+            str(model_dir),
+            gradient_checkpointing=False,
+            micro_train_batch_size=train_rows,
+            micro_forward_batch_size=forward_rows,
         )
     )
     trained: list[TrainingBatch] = []
@@ -86,7 +99,7 @@ def _trainer(model_dir: Path, flat: set[str], **settings: Any) -> tuple[Trainer,
 
     policy.forward_backward = recording  # type: ignore[method-assign]
     trainer = Trainer(
-        settings=LoopSettings(n_samples_per_prompt=N, policy_mini_batch_size=2, **settings),
+        settings=LoopSettings(**{"n_samples_per_prompt": N, "policy_mini_batch_size": 2, **settings}),
         objective=Objective(policy_loss_type="regular", policy_loss=PolicyLossConfig()),
         policy=policy,
         engine=NoEngine(),
@@ -145,3 +158,140 @@ def test_replace_trains_on_copies_of_informative_groups(tiny_model_dir: Path) ->
     assert trainer.generator.calls == [["p0", "p1"]]  # type: ignore[attr-defined]
     assert _trained_prompts(trained) == [1, 1, 1, 1]  # p0's group replaced by a copy of p1's
     assert metrics["dynamic_sampling/groups_replaced"] == 1.0
+
+
+# -- old log-probs from the update's forward pass ---------------------------------------------------------------
+
+
+class VariedScriptedRewards(ScriptedRewards):
+    """:class:`ScriptedRewards` whose samples differ in their tokens, so a group's gradients do not cancel out."""
+
+    async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
+        output = await super().generate(batch)
+        samples = [int(t.rsplit(":", 1)[1]) for t in batch.trajectory_ids]
+        return dataclasses.replace(output, response_ids=[[7 + i, 20 + 3 * i, 9] for i in samples])
+
+
+def _recorded_step(
+    model_dir: Path,
+    flat: set[str],
+    prompts: list[PromptRecord],
+    dropout: float = 0.0,
+    micro_batch_sizes: tuple[int, int] = (2, 8),
+    **settings: Any,
+) -> tuple[dict[str, float], dict[str, torch.Tensor], int]:
+    """One step: its metrics, the policy's gradients at the optimizer step, and how many no-grad forwards ran."""
+    trainer, _ = _trainer(model_dir, flat, micro_batch_sizes, **settings)
+    trainer.generator = VariedScriptedRewards(flat)
+    policy = trainer.policy
+    assert isinstance(policy, TorchBackend)
+    policy.model.config.attention_dropout = dropout
+    grads: dict[str, torch.Tensor] = {}
+    forwards = 0
+    forward, optim_step = policy.forward, policy.optim_step
+
+    def counting_forward(*args: Any, **kwargs: Any) -> Any:
+        nonlocal forwards
+        forwards += 1
+        return forward(*args, **kwargs)
+
+    def recording_optim_step() -> dict[str, float]:
+        grads.update({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
+        return optim_step()
+
+    policy.forward = counting_forward  # type: ignore[method-assign]
+    policy.optim_step = recording_optim_step  # type: ignore[method-assign]
+    metrics = asyncio.run(trainer.train_step(prompts))
+    return metrics, grads, forwards
+
+
+@pytest.mark.parametrize(
+    ("flat", "settings"),
+    [
+        (set(), {}),
+        ({"p0"}, {"zero_variance_filter": True}),  # the gap still covers the masked-out group's tokens
+        ({"p0", "p1"}, {"zero_variance_filter": True}),  # nothing to train: the gap needs a forward of its own
+    ],
+)
+@pytest.mark.parametrize("micro_batch_sizes", [(4, 4), (2, 8)])
+def test_reusing_the_update_forward_gives_the_same_losses_and_gradients(
+    tiny_model_dir: Path, flat: set[str], settings: dict[str, Any], micro_batch_sizes: tuple[int, int]
+) -> None:
+    prompts = _prompts("p0", "p1")
+    separate, separate_grads, separate_forwards = _recorded_step(
+        tiny_model_dir, flat, prompts, micro_batch_sizes=micro_batch_sizes, reuse_update_log_probs=False, **settings
+    )
+    reused, reused_grads, reused_forwards = _recorded_step(
+        tiny_model_dir, flat, prompts, micro_batch_sizes=micro_batch_sizes, **settings
+    )
+    trained = separate["policy/optimizer_steps"] == 1.0
+    assert separate_forwards == 1
+    assert reused_forwards == (0 if trained else 1)
+    assert reused["policy/optimizer_steps"] == separate["policy/optimizer_steps"]
+    assert reused_grads.keys() == separate_grads.keys()
+    assert bool(separate_grads) == trained
+    keys = ["policy/rollout_logprob_gap", "reward/mean", "policy/advantage_abs_mean"]
+    if trained:
+        keys += ["policy/loss", "policy/pg_loss", "policy/grad_norm", "policy/clip_frac"]
+    if micro_batch_sizes[0] == micro_batch_sizes[1]:
+        # The same micro-batches in both passes: the no-grad forward's log-probs are bit for bit the training
+        # forward's, so everything is identical.
+        for key in keys:
+            assert reused[key] == pytest.approx(separate[key], rel=1e-6), key  # the gap: summed in another order
+        assert all(torch.equal(reused_grads[name], grad) for name, grad in separate_grads.items())
+        return
+    # Other micro-batch shapes round differently: the separate pass's ratios are 1 ± 1e-6 instead of exactly 1.
+    for key in keys:
+        assert reused[key] == pytest.approx(separate[key], rel=1e-5, abs=1e-6), key
+    for name, grad in separate_grads.items():
+        assert float((reused_grads[name] - grad).norm()) <= 1e-5 * float(grad.norm()) + 1e-12, name
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"update_epochs_per_batch": 2},  # the second epoch trains a policy that no longer sampled the batch
+        {"policy_mini_batch_size": 1},  # two mini-batches: the same for the second one
+        {"use_kl_in_reward": True},  # the reward's KL penalty needs the old log-probs before the update
+        {"reuse_update_log_probs": False},
+    ],
+)
+def test_old_log_probs_get_their_own_forward_unless_the_update_is_on_policy(
+    tiny_model_dir: Path, settings: dict[str, Any]
+) -> None:
+    settings = {"policy_mini_batch_size": 2, **settings}
+    _, _, forwards = _recorded_step(tiny_model_dir, set(), _prompts("p0", "p1"), **settings)
+    assert forwards == 1
+
+
+def test_dropout_keeps_the_separate_old_log_prob_forward(tiny_model_dir: Path) -> None:
+    # A training forward with dropout is not the no-grad forward: its log-probs cannot stand in for old ones.
+    _, _, forwards = _recorded_step(tiny_model_dir, set(), _prompts("p0", "p1"), dropout=0.1)
+    assert forwards == 1
+
+
+def test_loop_work_runs_on_the_compute_thread_with_the_same_results(tiny_model_dir: Path) -> None:
+    plain, _ = _trainer(tiny_model_dir, set())
+    plain.generator = VariedScriptedRewards(set())
+    expected = asyncio.run(plain.train_step(_prompts("p0", "p1")))
+    compute = ComputeThread("test-loop")
+    try:
+        trainer, trained = _trainer(tiny_model_dir, set())
+        trainer.generator = VariedScriptedRewards(set())
+        assert isinstance(trainer.policy, TorchBackend)
+        trainer.compute = trainer.policy.compute = compute
+        threads: list[int] = []
+        prepare = trainer._prepare
+
+        def recording_prepare(*args: Any, **kwargs: Any) -> None:
+            threads.append(threading.get_ident())
+            prepare(*args, **kwargs)
+
+        trainer._prepare = recording_prepare  # type: ignore[method-assign]
+        metrics = asyncio.run(trainer.train_step(_prompts("p0", "p1")))
+        assert threads == [compute.call(threading.get_ident)]
+    finally:
+        compute.close()
+    assert len(trained) == 1
+    for key in ("policy/loss", "policy/grad_norm", "policy/rollout_logprob_gap", "reward/mean"):
+        assert metrics[key] == expected[key], key

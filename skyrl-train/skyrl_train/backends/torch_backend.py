@@ -25,16 +25,17 @@ place, so ``path`` never holds a half-written checkpoint)::
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 import torch
 from safetensors.torch import load_model, save_file, save_model
@@ -53,11 +54,27 @@ from skyrl_train.backends.packing import (
     split_by_rows,
     split_by_tokens,
 )
+from skyrl_train.compute_thread import ComputeThread
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+B = TypeVar("B", bound="TorchBackend")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _on_compute_thread(method: Callable[Concatenate[B, P], T]) -> Callable[Concatenate[B, P], T]:
+    """Run ``method`` on the backend's compute thread when it has one (see :class:`TorchBackend`)."""
+
+    @functools.wraps(method)
+    def run(self: B, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        if self.compute is None:
+            return method(self, *args, **kwargs)
+        return self.compute.call(method, self, *args, **kwargs)
+
+    return run
 
 
 class TorchBackend:
@@ -65,11 +82,14 @@ class TorchBackend:
 
     Building it seeds torch's global generator with ``config.seed`` (adapter init and dropout draw from it), loads
     the model onto ``config.device``, and creates the optimizer and scheduler. The backend owns the model; tensors
-    it returns are detached.
+    it returns are detached. With ``compute`` (owned by the caller) the methods that compute (``forward``,
+    ``forward_backward``, ``optim_step``, ``save``, ``load``, ``export_hf``) run on that thread, the caller waiting
+    for them; without it they run on the calling thread.
     """
 
-    def __init__(self, config: BackendConfig) -> None:
+    def __init__(self, config: BackendConfig, compute: ComputeThread | None = None) -> None:
         self.config = config
+        self.compute = compute
         self.device = torch.device(config.device)
         if config.remove_padding:
             require_packed_sequence_support()
@@ -115,7 +135,9 @@ class TorchBackend:
         inputs = self._inputs(micro_batch)
         keep, rows, cols = inputs.logits_to_keep()
         logits = self.model(**inputs.model_kwargs(), logits_to_keep=keep).logits[rows, cols]  # [K, V]
-        logits = logits.float() / temperature
+        logits = logits.float()
+        if temperature != 1.0:  # x / 1.0 == x exactly: skip a [K, V] copy and its backward
+            logits = logits / temperature
         log_probs = inputs.scatter(token_log_probs(logits, inputs.targets()))
         entropy = inputs.scatter(entropy_from_logits(logits)) if with_entropy else None
         return ModelOutput(log_probs=log_probs, entropy=entropy)
@@ -130,6 +152,7 @@ class TorchBackend:
 
     # --- the TrainingBackend protocol ---
 
+    @_on_compute_thread
     @torch.no_grad()
     def forward(self, batch: TrainingBatch, *, temperature: float = 1.0, with_entropy: bool = False) -> ModelOutput:
         """Log-probabilities ``[B, T]`` of the response tokens under ``softmax(logits / temperature)``, no gradient.
@@ -143,6 +166,7 @@ class TorchBackend:
         outputs = [self._micro_output(batch.select(s).to(self.device), temperature, with_entropy) for s in slices]
         return _concat_outputs(outputs, batch.input_ids.device)
 
+    @_on_compute_thread
     def forward_backward(
         self, batch: TrainingBatch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False
     ) -> dict[str, float]:
@@ -172,6 +196,7 @@ class TorchBackend:
             weighted.append((float(micro_batch.response_mask.sum()), metrics))
         return {**_weighted_mean(weighted), "loss": total_loss}
 
+    @_on_compute_thread
     def optim_step(self) -> dict[str, float]:
         """Clip the gradient norm, step AdamW and the scheduler, zero the gradients.
 
@@ -201,6 +226,7 @@ class TorchBackend:
         """
         return merged_weights(self.model)
 
+    @_on_compute_thread
     def save(self, path: Path) -> None:
         """Write model, optimizer, scheduler, RNG states and step under ``path``; replaces it atomically."""
         with _atomic_directory(Path(path)) as tmp:
@@ -211,6 +237,7 @@ class TorchBackend:
             state = {"global_step": self.global_step, "config": asdict(self.config)}
             (tmp / "backend.json").write_text(json.dumps(state, indent=2))
 
+    @_on_compute_thread
     def load(self, path: Path) -> None:
         """Restore what :meth:`save` wrote; the backend must be built with the same model and LoRA config."""
         path = Path(path)
@@ -229,6 +256,7 @@ class TorchBackend:
 
     # --- beyond the protocol ---
 
+    @_on_compute_thread
     def export_hf(self, path: Path, tokenizer_path: str | Path | None = None) -> None:
         """Write a Hugging Face model directory (LoRA merged) that transformers and vLLM load; atomic.
 
@@ -250,6 +278,20 @@ class TorchBackend:
                 generation_config.save_pretrained(tmp)
             save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             tokenizer.save_pretrained(tmp)
+
+    def has_active_dropout(self) -> bool:
+        """Whether a training-mode forward can differ from :meth:`forward`: dropout (or noise) with a positive rate.
+
+        Looks at dropout modules (LoRA's included) and at the model config's rates: dropout applied functionally
+        without a module (``attention_dropout``, ``*_pdrop``) and training-mode router noise of mixture-of-experts
+        models (``router_jitter_noise``). The trainer skips the separate old-log-prob pass only when this is False.
+        """
+        dropouts = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+        if any(isinstance(m, dropouts) and m.p > 0 for m in self.model.modules()):
+            return True
+        config = getattr(unwrap(self.model), "config", None)
+        rates = config.to_dict() if config is not None else {}
+        return any(_is_noise_rate(name) and _is_number(value) and value > 0 for name, value in rates.items())
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters the optimizer updates (all of them, or the adapters and extra modules with LoRA)."""
@@ -298,6 +340,14 @@ def check_model_path(model_path: str) -> None:
             f"no Hugging Face model at {model_path} (expected {path / 'config.json'}); for tests and CPU runs build "
             "the tiny model there with skyrl_train.models.tiny.build_tiny_model(path)"
         )
+
+
+def _is_noise_rate(config_key: str) -> bool:
+    return "dropout" in config_key or config_key.endswith("pdrop") or "jitter" in config_key
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_call(batch: TrainingBatch, temperature: float) -> None:

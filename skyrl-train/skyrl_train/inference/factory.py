@@ -6,16 +6,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
+from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.inference.base import InferenceEngine
 
 EngineKind = Literal["local", "vllm", "remote"]
 
 
-def create_engine(kind: EngineKind, model_path: str | Path | None = None, **options: Any) -> InferenceEngine:
+def create_engine(
+    kind: EngineKind, model_path: str | Path | None = None, *, compute: ComputeThread | None = None, **options: Any
+) -> InferenceEngine:
     """An engine of ``kind`` serving ``model_path``; ``options`` are fields of that engine's config class.
 
     - ``"local"``: :class:`~skyrl_train.inference.local.LocalEngine` on the Hugging Face directory
-      ``model_path``; options of :class:`~skyrl_train.inference.local.LocalEngineConfig` (``device``, …).
+      ``model_path``; options of :class:`~skyrl_train.inference.local.LocalEngineConfig` (``device``, …);
+      ``compute``: the :class:`~skyrl_train.compute_thread.ComputeThread` to generate on (local engine only).
     - ``"vllm"``: :class:`~skyrl_train.inference.vllm_engine.VLLMEngine`; options of
       :class:`~skyrl_train.inference.vllm_engine.VLLMEngineConfig`. Start-up continues in the background;
       ``await engine.wait_ready()`` or the first ``generate`` waits for it.
@@ -23,13 +27,16 @@ def create_engine(kind: EngineKind, model_path: str | Path | None = None, **opti
       ``model_path``, when given, is the served model name; other options of
       :class:`~skyrl_train.inference.remote.RemoteEngineConfig`.
 
-    Raises ``ValueError`` for an unknown kind or a missing argument and ``TypeError`` for an unknown option.
+    Raises ``ValueError`` for an unknown kind, a missing argument or ``compute`` for another kind than ``"local"``,
+    and ``TypeError`` for an unknown option.
     """
     if kind == "local":
         from skyrl_train.inference.local import LocalEngine, LocalEngineConfig
 
         _check_options(LocalEngineConfig, options)
-        return LocalEngine.from_pretrained(_required_path(kind, model_path), **options)
+        return LocalEngine.from_pretrained(_required_path(kind, model_path), compute=compute, **options)
+    if compute is not None:
+        raise ValueError(f"compute= is for the local engine, not {kind!r}: it runs its model elsewhere")
     if kind == "vllm":
         from skyrl_train.inference.vllm_engine import VLLMEngine, VLLMEngineConfig
 

@@ -6,12 +6,18 @@ For tests, CPU runs and small models where starting vLLM costs more than it save
   on a queue; a background *batching loop* (an asyncio task on the caller's event loop) waits
   ``batch_window_s`` after the first request arrives, takes up to ``max_batch_size`` requests and runs them as
   one left-padded batch. Requests that arrive while a batch runs form the next one.
-- All model work (generation and weight loads) runs on one worker thread the engine owns, so the event loop
-  never blocks and weights never change in the middle of a batch.
+- All model work (generation and weight loads) runs on one worker thread, so the event loop never blocks and
+  weights never change in the middle of a batch: a thread of the engine's own, or a
+  :class:`~skyrl_train.compute_thread.ComputeThread` shared with the training backends (one thread for all torch
+  work of a process keeps CPU generation fast; see that module).
+- Decoding keeps the KV cache in preallocated buffers and, for grouped-query attention under ``sdpa``, switches the
+  model to an attention function that does not copy the cache's key/value heads at every step
+  (:mod:`skyrl_train.inference.decoding`); logits are unchanged.
 - Sampling follows vLLM: temperature, then min-p, top-k and top-p filtering, then a draw from the filtered
-  distribution. Reported log-probabilities are those of that distribution (vLLM's ``processed_logprobs``):
-  ``log_softmax(logits / temperature)`` when no filter is active. Greedy (``temperature == 0``) takes the
-  argmax and reports ``log_softmax(logits)``.
+  distribution (Gumbel-max: ``argmax(log p − log E)``, ``E ~ Exp(1)`` drawn as ``−log U``). Reported
+  log-probabilities are those of that distribution (vLLM's ``processed_logprobs``): ``log_softmax(logits /
+  temperature)`` when no filter is active. Greedy (``temperature == 0``) takes the argmax and reports
+  ``log_softmax(logits)``.
 - Seeds: prompt ``i`` of a call with ``seed=s`` draws from its own generator seeded with ``s + i``, so a seeded
   call reproduces its output regardless of what else shares the batch (up to floating-point differences
   between batch shapes). Unseeded prompts share a generator seeded once from ``LocalEngineConfig.seed``.
@@ -25,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.inference.base import GenerationOutput, SamplingParams, StopReason
 from skyrl_train.inference.concurrency import PauseGate
 
@@ -90,7 +96,8 @@ class LocalEngine:
     """An :class:`~skyrl_train.inference.base.InferenceEngine` running a transformers causal LM in-process.
 
     The engine owns ``model`` from now on (it moves it to ``config.device`` and loads weights into it); pass a
-    tokenizer for stop strings and decoded text. Bound to the event loop it is first used from; after
+    tokenizer for stop strings and decoded text. ``compute``: the thread to run model work on (the caller keeps
+    owning it); None gives the engine a thread of its own. Bound to the event loop it is first used from; after
     ``asyncio.run`` ends, a later loop may use it again.
     """
 
@@ -99,25 +106,32 @@ class LocalEngine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase | None = None,
         config: LocalEngineConfig | None = None,
+        compute: ComputeThread | None = None,
     ) -> None:
+        from skyrl_train.inference.decoding import use_gqa_attention
+
         self.config = config or LocalEngineConfig()
         self.device = torch.device(self.config.device)
         torch.nn.Module.to(model, self.device)  # in place; transformers' typed wrapper of `.to` confuses mypy
         self.model = model.eval()
+        use_gqa_attention(model)  # same outputs, without copying the KV cache per layer and step
         self.tokenizer = tokenizer
         self.max_model_len = self.config.max_model_len or int(model.config.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         self.pad_token_id = _pad_token_id(model, tokenizer)
         self.stats = EngineStats()
         self._rng = torch.Generator(device=self.device).manual_seed(self.config.seed)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
+        self._owns_compute = compute is None
+        self._compute = compute or ComputeThread("local-engine")
         self._gate = PauseGate()
         self._queue: asyncio.Queue[_Request] | None = None
         self._batcher: asyncio.Task[None] | None = None
         self._closed = False
 
     @classmethod
-    def from_pretrained(cls, model_path: str | Path, **options: Any) -> LocalEngine:
+    def from_pretrained(
+        cls, model_path: str | Path, *, compute: ComputeThread | None = None, **options: Any
+    ) -> LocalEngine:
         """Load a Hugging Face model directory (and its tokenizer, when present); ``options`` set the config."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -126,7 +140,7 @@ class LocalEngine:
         tokenizer = None
         if any((Path(model_path) / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(model_path)
-        return cls(model, tokenizer, config)
+        return cls(model, tokenizer, config, compute)
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Sample one completion per prompt (token ids), in order; waits while the engine is paused."""
@@ -152,7 +166,7 @@ class LocalEngine:
         """
         self._check_open()
         async with self._gate.quiesced():
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._load_weights, weights)
+            await self._compute.acall(self._load_weights, weights)
 
     async def pause(self) -> None:
         """Hold new ``generate`` calls; return once running ones have finished."""
@@ -163,7 +177,7 @@ class LocalEngine:
         await self._gate.resume()
 
     async def close(self) -> None:
-        """Stop the batching loop, fail queued and running requests, end the worker thread; idempotent.
+        """Stop the batching loop, fail queued and running requests, end the worker thread (its own); idempotent.
 
         The model's memory is freed with the engine object (``model`` stays readable for inspection).
         """
@@ -177,7 +191,11 @@ class LocalEngine:
                 await batcher
         while self._queue is not None and not self._queue.empty():
             _fail([self._queue.get_nowait()], EngineClosedError("the engine was closed"))
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        if self._owns_compute:
+            await asyncio.to_thread(self._compute.close)
+        else:  # a shared thread stays up; wait until the engine's work handed to it is over (if it still runs)
+            with contextlib.suppress(RuntimeError):
+                await self._compute.acall(_nothing)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -192,13 +210,12 @@ class LocalEngine:
         return self._queue
 
     async def _batch_loop(self, queue: asyncio.Queue[_Request]) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             batch = await self._next_batch(queue)
             if not batch:
                 continue
             try:
-                outputs = await loop.run_in_executor(self._executor, self._generate_batch, batch)
+                outputs = await self._compute.acall(self._generate_batch, batch)
             except asyncio.CancelledError:  # close(): nobody will deliver this batch's results any more
                 _fail(batch, EngineClosedError("the engine was closed during generation"))
                 raise
@@ -237,11 +254,11 @@ class LocalEngine:
 
     def _decode(self, rows: list[_Row]) -> None:
         """Prefill the left-padded prompts, then sample one token per live row per step until all stop."""
-        from transformers import DynamicCache
+        from skyrl_train.inference.decoding import preallocated_cache
 
         input_ids, attention_mask = self._left_pad([row.request.prompt for row in rows])
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = preallocated_cache(self.model, input_ids.shape[1] + max(row.budget for row in rows))
         logits = self._forward(input_ids, attention_mask, positions, cache)
         next_positions = positions[:, -1] + 1
         sampler = _Sampler([row.request for row in rows], self.device, self._rng)
@@ -388,15 +405,21 @@ class _Sampler:
         return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
 
     def _exponential_noise(self, like: torch.Tensor) -> torch.Tensor:
+        """Exp(1) noise shaped like ``like`` ``[B, V]``, row ``i`` from its own generator (or the shared one).
+
+        Drawn as ``-log(U)`` with ``U`` uniform on [0, 1): one generator call per row, then one vectorised log for
+        the batch (``Tensor.exponential_`` per row costs several times more on a CPU).
+        """
         noise = torch.empty_like(like)
         shared_rows = [i for i, g in enumerate(self.generators) if g is None]
         if shared_rows:
             rows = torch.tensor(shared_rows, device=like.device)
-            noise[rows] = torch.empty_like(like[rows]).exponential_(generator=self.shared)
+            noise[rows] = torch.rand(like[rows].shape, generator=self.shared, device=like.device, dtype=like.dtype)
         for i, generator in enumerate(self.generators):
             if generator is not None:
-                noise[i].exponential_(generator=generator)
-        return noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # log(0) would pick a token with p = 0
+                noise[i].uniform_(generator=generator)
+        # U < 1, so -log(U) > 0; the clamp keeps log(noise) finite all the same (log(0) would pick a token with p = 0).
+        return noise.log_().neg_().clamp_(min=torch.finfo(noise.dtype).tiny)
 
     def _filter(self, scaled: torch.Tensor) -> torch.Tensor:
         """Mask (to -inf) tokens removed by min-p, top-k and top-p, in vLLM's order."""
@@ -443,6 +466,10 @@ class _Stopper:
         if len(tokens) >= budget:
             return "length", None
         return None, None
+
+
+def _nothing() -> None:
+    pass
 
 
 def _fail(requests: Iterable[_Request], exc: BaseException) -> None:

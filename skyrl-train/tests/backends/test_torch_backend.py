@@ -349,3 +349,15 @@ def test_malformed_batches_are_rejected(small_model_dir: Path, make_batch: Any, 
 def test_temperature_must_be_positive(small_model_dir: Path, make_batch: Any) -> None:
     with pytest.raises(ValueError, match="temperature must be positive"):
         backend(small_model_dir).forward(make_batch([2], [2]), temperature=0.0)
+
+
+def test_has_active_dropout_sees_modules_and_config_rates(small_model_dir: Path) -> None:
+    assert not backend(small_model_dir).has_active_dropout()  # the tiny Qwen2: attention_dropout 0
+    with_adapter_dropout = backend(small_model_dir, lora=LoraConfig(rank=4, alpha=8, dropout=0.1))
+    assert with_adapter_dropout.has_active_dropout()  # LoRA's nn.Dropout on the adapter input
+    b = backend(small_model_dir)
+    b.model.config.attention_dropout = 0.1  # applied functionally inside attention, no module to find
+    assert b.has_active_dropout()
+    b.model.config.attention_dropout = 0.0
+    b.model.config.router_jitter_noise = 0.01  # mixture-of-experts routers perturb their logits in training mode
+    assert b.has_active_dropout()
