@@ -1,9 +1,9 @@
 """Docker sandboxes through the ``docker`` SDK; the only module (with the reaper's helpers here) that imports it.
 
 Each sandbox is a hardened container (no network unless asked, memory/CPU/pids limits, all capabilities
-dropped, no-new-privileges, tini as PID 1, a non-root user) running a dead-man ``sleep``, plus one persistent
-``docker exec -i`` bash for commands (:mod:`.shell`). Every container and committed image carries the labels
-``skyrl.managed=1``, ``skyrl.run``, ``skyrl.episode`` and ``skyrl.owner`` (see :mod:`.reaper`).
+dropped, no-new-privileges, tini as PID 1, a non-root user) running a dead-man ``sleep``, plus one command
+runner reached through a ``docker exec -i`` stream (:mod:`.shell`). Every container and committed image carries
+the labels ``skyrl.managed=1``, ``skyrl.run``, ``skyrl.episode`` and ``skyrl.owner`` (see :mod:`.reaper`).
 
 SDK calls block, so they run in threads; the client has explicit timeouts so an unreachable daemon fails fast
 with :class:`SandboxUnavailableError` instead of hanging.
@@ -72,7 +72,7 @@ def managed_labels(run_id: str, episode: str, extra: dict[str, str]) -> dict[str
 
 
 class DockerSandbox:
-    """One container plus its persistent shell. Owned by one episode; :meth:`close` removes the container."""
+    """One container plus its command runner. Owned by one episode; :meth:`close` removes the container."""
 
     def __init__(self, backend: DockerBackend, container: Any, spec: SandboxSpec, shell: PersistentShell) -> None:
         self.id: str = container.id[:12]
@@ -83,7 +83,7 @@ class DockerSandbox:
         self._closed = False
 
     async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
-        """Run ``command`` in the persistent shell; its process group is killed in the container at ``timeout_s``."""
+        """Run ``command`` through the command runner; its process group is killed in the container at ``timeout_s``."""
         self._check_open()
         return await self._shell.run(command, timeout_s=timeout_s, workdir=workdir)
 
@@ -269,7 +269,7 @@ class DockerBackend:
     def _shell_for(self, container_id: str, spec: SandboxSpec) -> PersistentShell:
         docker_cli = shutil.which("docker") or "docker"
         argv = [docker_cli, "exec", "-i", "-u", spec.user, "-w", spec.workdir, container_id]
-        return PersistentShell([*argv, "bash", "--noprofile", "--norc"], state_path=STATE_PATH, output_cap=self._cap)
+        return PersistentShell(argv, state_path=STATE_PATH, output_cap=self._cap, own_pid_namespace=True)
 
 
 def _retry_remove(remove: Any, ref: str, what: str) -> bool:

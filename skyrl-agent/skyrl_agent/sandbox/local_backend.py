@@ -46,7 +46,8 @@ from skyrl_agent.sandbox.shell import DEFAULT_OUTPUT_CAP, PersistentShell
 
 BWRAP = "/usr/bin/bwrap"
 SANDBOX_UID = 1000  # the image's ``sandbox`` user
-STATE_PATH = "/tmp/.skyrl-shell-state"
+# Not under /tmp: that is a tmpfs of one bwrap instance, and the state must survive a respawn (a new bwrap).
+STATE_PATH = "/var/tmp/.skyrl-shell-state"
 
 
 def default_cache_dir() -> Path:
@@ -121,7 +122,9 @@ class LocalSandbox:
         self.dirs = dirs
         self.lowers = lowers  # the layers under the upper dir, top first (snapshots, then the rootfs)
         self._backend = backend
-        self._shell = PersistentShell(self._argv(), state_path=STATE_PATH, output_cap=backend.output_cap, env={})
+        self._shell = PersistentShell(
+            self._argv(), state_path=STATE_PATH, output_cap=backend.output_cap, env={}, own_pid_namespace=True
+        )
         self._closed = False
 
     def _argv(self) -> list[str]:
@@ -132,7 +135,7 @@ class LocalSandbox:
         limits = f"ulimit -u {nproc} -v {address_mb * 1024} -f {4 * 1024 * 1024}"  # -f: 4 GiB files at most
         drop = f"setpriv --reuid {SANDBOX_UID} --regid {SANDBOX_UID} --clear-groups --inh-caps=-all"
         drop += " --bounding-set=-all --no-new-privs"
-        inner = f"{limits} && exec {drop} bash --noprofile --norc"
+        inner = f'{limits} && exec {drop} "$@"'  # "$@": the command runner, appended by PersistentShell
         return [
             BWRAP,
             "--bind", merged, "/",
@@ -145,7 +148,7 @@ class LocalSandbox:
             "--die-with-parent", "--new-session",
             "--clearenv", *setenv,
             "--chdir", spec.workdir,
-            "/bin/bash", "--noprofile", "--norc", "-c", inner,
+            "/bin/bash", "--noprofile", "--norc", "-c", inner, "skyrl",
         ]  # fmt: skip
 
     async def start(self) -> None:
@@ -266,4 +269,8 @@ def _prepare(base: Path, lowers: list[Path]) -> _Dirs:
         return _Dirs(base, mounted=True)
     for layer in reversed(lowers):  # bottom first, so upper layers overwrite (whiteouts are not honoured)
         subprocess.run(["cp", "-a", "--reflink=auto", f"{layer}/.", str(base / "merged")], check=True)
+    # `cp -a` also copied the mode of each layer's own directory, which comes from how the layer was made
+    # (export_rootfs renames a 0700 mkdtemp dir), not from the image: the sandbox user could not even traverse /.
+    # An overlay takes its root's mode from the upper dir (0755); give the copy the same.
+    (base / "merged").chmod(0o755)
     return _Dirs(base, mounted=False)

@@ -1,10 +1,11 @@
-"""A test double of the sandbox protocol: a host bash in a temporary directory. NOT ISOLATED.
+"""A test double of the sandbox protocol: host commands in a temporary directory. NOT ISOLATED.
 
 :class:`InMemorySandbox` runs commands as the current host user, with the host's network and filesystem. It
 exists so that agents and the dispatcher can be unit-tested without Docker; never give it untrusted commands.
 
-It behaves like the real backends where tests look: one persistent shell (``cd`` and ``export`` persist),
-timeouts that kill the command's process group, capped output, snapshots and forks (copies of the directory).
+It behaves like the real backends where tests look: the same command runner (``cd`` and ``export`` persist),
+timeouts that kill the command's process group, capped output, a command's leftover processes killed (only
+those: the runner's descendants), snapshots and forks (copies of the directory).
 Relative paths (and the spec's ``workdir``) resolve inside the sandbox's temporary directory; absolute paths in
 commands and file calls are host paths.
 """
@@ -15,6 +16,7 @@ import asyncio
 import itertools
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -32,10 +34,11 @@ class InMemorySandbox:
         self.root = root
         self._env = {**os.environ, **(env or {})}
         self._shell = PersistentShell(
-            ["bash", "--noprofile", "--norc"],
+            [],  # a plain host process
             state_path=str(root.parent / "state"),
             output_cap=output_cap,
             env=self._env,
+            python=sys.executable,  # the runner is standard library only
         )
         self._closed = False
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from skyrl_agent.sandbox import shell
 from skyrl_agent.sandbox.base import SandboxClosedError, SandboxSpec
 
 from .conftest import SPEC, in_sandbox
@@ -69,6 +72,56 @@ def test_processes_do_not_outlive_their_command(backend_kind: str) -> None:
         await sb.run("setsid nohup sleep 303 > /dev/null 2>&1 & sleep 304 &")
         leftover = await sb.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c 'sleep 30[34]' || true")
         assert leftover.output.strip() == "0"
+
+    in_sandbox(backend_kind, body)
+
+
+COUNT_SLEEPS = "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c 'sleep 30[5-9]' || true"
+COUNT_STOPPED = "grep -lE '^State:\\s+T' /proc/[0-9]*/status 2> /dev/null | wc -l"
+
+
+def test_state_survives_a_killed_shell_or_runner(backend_kind: str) -> None:
+    async def body(sb, _):
+        await sb.run("mkdir -p sub && cd sub && export KEPT=yes")
+        assert (await sb.run("cat /proc/$PPID/comm")).output == "skyrl-runner\n"  # `pkill python` spares it
+        # $$ is the long-lived bash that forks each command: killing it ends the command; a new one takes over.
+        assert (await sb.run("kill -9 $$")).exit_code == 137
+        assert (await sb.run('pwd; echo "$KEPT"')).output == "/workspace/sub\nyes\n"
+        # The command kills the runner itself: no reply comes, the runner is respawned.
+        result = await sb.run("sleep 305 & kill -9 $PPID; sleep 306", timeout_s=20)
+        assert (result.timed_out, result.exit_code) == (True, -1)
+        assert result.duration_s < 10  # the dead runner is noticed at once, not at the backstop
+        assert (await sb.run('pwd; echo "$KEPT"')).output == "/workspace/sub\nyes\n"
+        assert (await sb.run(COUNT_SLEEPS)).output.strip() == "0"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_wedged_runner_is_respawned_by_the_backstop(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shell, "BACKSTOP_S", 0.5)
+
+    async def body(sb, _):
+        await sb.run("cd /tmp && export KEPT=yes")
+        result = await sb.run("sleep 307 & kill -STOP $PPID", timeout_s=0.5)  # the runner stops answering
+        assert (result.timed_out, result.exit_code) == (True, -1)
+        assert (await sb.run('pwd; echo "$KEPT"')).output == "/tmp\nyes\n"
+        # The stopped runner and what it had started are gone (Docker: swept by the new runner).
+        assert (await sb.run(COUNT_SLEEPS)).output.strip() == "0"
+        assert (await sb.run(COUNT_STOPPED)).output.strip() == "0"
+
+    in_sandbox(backend_kind, body)
+
+
+def test_cancelled_command_does_not_answer_the_next(backend_kind: str) -> None:
+    async def body(sb, _):
+        await sb.run("export KEPT=yes")
+        task = asyncio.create_task(sb.run("sleep 309; echo late", timeout_s=30))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await sb.run('echo "next $KEPT"')).output == "next yes\n"
+        assert (await sb.run(COUNT_SLEEPS)).output.strip() == "0"
 
     in_sandbox(backend_kind, body)
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+
+import pytest
 
 from skyrl_agent.sandbox import InMemoryBackend, Sandbox, SandboxBackend, SandboxSpec
 
@@ -27,6 +31,29 @@ def test_memory_sandbox_follows_the_protocol() -> None:
             assert await fork.read_file("f.bin") == b"\x00\xff"
             await fork.close()
         finally:
+            await sb.close()
+            await backend.close()
+
+    asyncio.run(main())
+
+
+def test_memory_sandbox_kills_only_what_its_commands_started() -> None:
+    """The host is shared: leftovers are the runner's descendants, never other host processes."""
+
+    async def main() -> None:
+        backend = InMemoryBackend()
+        sb = await backend.create()
+        bystander = subprocess.Popen(["sleep", "30"])  # started on the host after the sandbox
+        try:
+            result = await sb.run("setsid sleep 308 > /dev/null 2>&1 & echo $!")
+            leftover = int(result.output)
+            await sb.run("true")
+            assert bystander.poll() is None
+            with pytest.raises(ProcessLookupError):
+                os.kill(leftover, 0)
+        finally:
+            bystander.kill()
+            bystander.wait()
             await sb.close()
             await backend.close()
 
