@@ -17,14 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from skyrl_agent.agents.react import AgentConfig, ReActAgent, Trajectory
-from skyrl_agent.agents.swe_env import SWEEnv
-from skyrl_agent.dispatch import Dispatcher, DispatcherConfig, Episode, EpisodeResult, GradeResult, StageLimits
-from skyrl_agent.dispatch.context import RunContext
+from skyrl_agent.agents.react import AgentConfig, Trajectory
+from skyrl_agent.dispatch import DispatcherConfig, Episode, EpisodeResult, StageLimits
 from skyrl_agent.llm.base import LLMClient
-from skyrl_agent.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from skyrl_agent.pipeline import SWEPipeline
+from skyrl_agent.sandbox.base import SandboxBackend
 from skyrl_agent.tasks.format import SWETask
-from skyrl_agent.tasks.grading import grade
 
 __all__ = ["RunOptions", "make_llm", "run_tasks", "summarize"]
 
@@ -182,39 +180,15 @@ async def run_tasks(
         for k in range(options.samples)
     ]
     progress = _Progress(len(episodes), stream)
-    labels = {"skyrl.run": options.run_id}
-
-    async def acquire(episode: Episode) -> Sandbox:
-        task: SWETask = episode.data["task"]
-        return await backend.create(SandboxSpec(image=task.base_image, workdir=task.workdir, labels=labels))
-
-    async def run_agent(episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Trajectory:
-        env = SWEEnv(extras={"task": episode.data["task"], "sandbox": sandbox, "grade": False,
-                             "max_turns": options.max_turns + 1})  # fmt: skip
-        try:
-            agent = ReActAgent(llm, env, AgentConfig(max_turns=options.max_turns))
-            trajectory = await agent.run([], ctx)
-        finally:
-            await env.aclose()
-        if trajectory.truncated:
-            progress.update(episode.id, False)
-        return trajectory
-
-    async def grade_episode(episode: Episode, sandbox: Sandbox, trajectory: Any) -> GradeResult:
-        verdict = await grade(episode.data["task"], trajectory.submission or "", backend)
-        progress.update(episode.id, verdict.resolved)
-        details = {"status": verdict.status, "tests": dict(verdict.tests), "fail_to_pass": dict(verdict.fail_to_pass),
-                   "pass_to_pass": dict(verdict.pass_to_pass), "error": verdict.error,
-                   "duration_s": verdict.duration_s}  # fmt: skip
-        return GradeResult(1.0 if verdict.resolved else 0.0, verdict.resolved, details)
-
-    async def release(sandbox: Sandbox) -> None:
-        await sandbox.close()
-
+    pipeline = SWEPipeline(
+        backend,
+        AgentConfig(max_turns=options.max_turns),
+        labels={"skyrl.run": options.run_id},
+        on_finished=lambda episode, resolved: progress.update(episode.id, resolved),
+    )
     n = max(1, options.concurrency)
     limits = StageLimits(acquire=n, run=n, grade=n, prefetch=n)
-    dispatcher = Dispatcher(acquire, run_agent, grade_episode, release, make_llm(options.model, options.served_model),
-                            DispatcherConfig(limits=limits))  # fmt: skip
+    dispatcher = pipeline.dispatcher(make_llm(options.model, options.served_model), DispatcherConfig(limits=limits))
     start = time.monotonic()
     dispatched = await dispatcher.run(episodes)
     wall_s = time.monotonic() - start

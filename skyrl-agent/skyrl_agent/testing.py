@@ -1,15 +1,24 @@
-"""Test doubles for CPU-only tests of agents and the dispatcher: a fake sandbox, a fake env, scripted LLMs."""
+"""Test doubles for CPU-only tests: a fake sandbox, a fake env, scripted LLMs and a byte-level chat template."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyrl_agent.llm.scripted import LatencyClient, ScriptedClient, null_policy, oracle_policy
 from skyrl_agent.sandbox.base import CommandResult, SandboxClosedError, Snapshot
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-__all__ = ["CountingEnv", "FakeSandbox", "LatencyClient", "ScriptedClient", "null_policy", "oracle_policy"]
+__all__ = [
+    "ByteChatTemplate",
+    "CountingEnv",
+    "FakeSandbox",
+    "LatencyClient",
+    "ScriptedClient",
+    "null_policy",
+    "oracle_policy",
+]
 
 _ids = itertools.count()
 
@@ -78,3 +87,34 @@ class CountingEnv(BaseTextEnv):
             return BaseTextEnvStepOutput(observations=[], reward=self.reward, done=True, metadata={"submission": ""})
         obs = [{"role": "user", "content": f"observation {self.turns}"}]
         return BaseTextEnvStepOutput(observations=obs, reward=0.0, done=False, metadata={})
+
+
+class ByteChatTemplate:
+    """A chat template whose tokens are UTF-8 bytes, like the scripted clients' (one token per byte).
+
+    A message renders as ``role``, a newline, the content and the end-of-turn token ``0`` (never a byte of text);
+    the generation prompt is ``assistant`` and a newline. It satisfies the
+    :class:`~skyrl_agent.integrations.tokens.ChatTemplate` protocol, so token rows of scripted episodes can be
+    built and checked without a tokenizer.
+    """
+
+    end_of_turn_token_id = 0
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The messages, then the generation prompt."""
+        return self._render(messages) + list(b"assistant\n")
+
+    def observation_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The same as :meth:`prompt_ids`: nothing precedes new messages in this template."""
+        return self.prompt_ids(messages)
+
+    def needs_end_of_turn(self, generated_ids: Sequence[int]) -> bool:
+        """True unless the ids end with ``0``."""
+        return not generated_ids or generated_ids[-1] != self.end_of_turn_token_id
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The bytes as text, end-of-turn tokens left out."""
+        return bytes(i for i in ids if i != self.end_of_turn_token_id).decode(errors="replace")
+
+    def _render(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        return [b for m in messages for b in [*f"{m['role']}\n{m['content']}".encode(), self.end_of_turn_token_id]]

@@ -33,7 +33,7 @@ from skyrl_agent.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from skyrl_agent.tasks.format import SWETask, task_from_dict
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType, EpisodeSample
 
-__all__ = ["SYSTEM_PROMPT", "SWEEnv", "instructions"]
+__all__ = ["SYSTEM_PROMPT", "SWEEnv", "instructions", "task_from_options"]
 
 T = TypeVar("T")
 
@@ -76,7 +76,12 @@ def instructions(task: SWETask, max_turns: int) -> list[dict[str, str]]:
     ]
 
 
-def _task_of(options: Mapping[str, Any]) -> SWETask:
+def task_from_options(options: Mapping[str, Any]) -> SWETask:
+    """The task named by env options: ``task`` (an :class:`SWETask` or its JSON row), or ``task_id`` in ``tasks_path``.
+
+    Raises:
+        ValueError: No task is named, or ``task_id`` is not in the task file.
+    """
     task = options.get("task")
     if isinstance(task, SWETask):
         return task
@@ -99,7 +104,7 @@ class SWEEnv(BaseTextEnv):
     def __init__(self, env_config: Any = None, extras: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         options: dict[str, Any] = {**dict(env_config or {}), **dict(extras or {})}
-        self.task = _task_of(options)
+        self.task = task_from_options(options)
         self.max_turns = int(options.get("max_turns", 30))
         self.command_timeout_s = float(options.get("command_timeout_s", 60.0))
         self.max_output_chars = int(options.get("max_output_chars", 10_000))
