@@ -24,8 +24,8 @@ How a command runs:
   environment and job control on, so each subshell gets a process group of its own, stdin from ``/dev/null``
   and stdout and stderr on the output pipe. The subshell restores the shell state (exported variables, working
   directory) from the state file, sources the command (the runner wrote it to a memfd), and saves the state with
-  builtins only (so that saving works even when a fork bomb has exhausted the pids limit). The shell reports the
-  subshell's pid, then its exit status, on a status pipe.
+  builtins only (so that saving works even when a fork bomb has exhausted the pids limit). On a status pipe the
+  subshell reports its pid as it starts, and the shell, which waits for it as a foreground job, its exit status.
 * The runner reads the output, keeps ``cap`` bytes and discards the rest, so a flood never reaches the host.
   At the timeout it sends SIGTERM to the subshell's process group, and SIGKILL ``KILL_AFTER_S`` later.
 * When the subshell has exited, the runner SIGKILLs its process group, then every other leftover of the command,
@@ -60,16 +60,17 @@ _PR_SET_CHILD_SUBREAPER = 36
 _SIGKILL, _SIGTERM = 9, 15
 
 # The shell. $1: the state file; $2, $3, $4: the fds of the control pipe (it reads "WORKDIR\0" per command), the
-# status pipe and the output pipe; $5: the fd of the memfd holding the command. `wait -f` (bash ≥ 5) returns
-# only when the subshell has exited, not when it stops.
+# status pipe and the output pipe; $5: the fd of the memfd holding the command. The subshell runs as a foreground
+# job: bash 5.2 can lose a background job's record before `wait` sees it, and `wait -f` then spins forever
+# ("wait_for: No record of process"). A foreground job has no `$!`, so the subshell reports its own pid.
 SHELL = r"""
 set -m
-__skyrl_state=$1 __skyrl_ctl=$2 __skyrl_status=$3 __skyrl_out=$4 __skyrl_cmd=$5 __skyrl_wait=-f
+__skyrl_state=$1 __skyrl_ctl=$2 __skyrl_status=$3 __skyrl_out=$4 __skyrl_cmd=$5
 set --
-wait -f 2> /dev/null || __skyrl_wait=
 while IFS= read -r -d '' -u "$__skyrl_ctl" __skyrl_wd; do
   (
     set +m
+    printf 'p%d\n' "$BASHPID" >&"$__skyrl_status"
     exec {__skyrl_ctl}<&- {__skyrl_status}>&- {__skyrl_out}>&-
     [ -r "$__skyrl_state" ] && . "$__skyrl_state"
     __skyrl_home=$PWD
@@ -82,10 +83,8 @@ while IFS= read -r -d '' -u "$__skyrl_ctl" __skyrl_wd; do
     printf -v __skyrl_cd 'cd -- %q' "${__skyrl_home:-$PWD}"
     { export -p; printf '%s\nreturn\n' "$__skyrl_cd"; } 1<> "$__skyrl_state"
     exit $__skyrl_rc
-  ) < /dev/null >&"$__skyrl_out" 2>&1 &
-  printf '%d\n' "$!" >&"$__skyrl_status"
-  wait $__skyrl_wait "$!"
-  printf '%d\n' "$?" >&"$__skyrl_status"
+  ) < /dev/null >&"$__skyrl_out" 2>&1
+  printf 's%d\n' "$?" >&"$__skyrl_status"
 done
 """
 
@@ -131,15 +130,19 @@ class Shell:
         with Ignoring(BrokenPipeError):  # the shell is dead: its exit is noticed by the caller
             write_all(self.control_fd, workdir + b"\0")
 
-    def status(self) -> int | None:
-        """The next number on the status pipe (the subshell's pid, then its exit status), if one is complete."""
+    def status(self) -> tuple[bytes, int] | None:
+        """The next complete report on the status pipe, if any.
+
+        ``(b"p", pid)`` comes from the subshell as it starts, then ``(b"s", exit status)`` from the shell when the
+        subshell has ended.
+        """
         with Ignoring(BlockingIOError):
             self.pending += os.read(self.status_fd, 4096)
         line, newline, rest = self.pending.partition(b"\n")
         if not newline:
             return None
         self.pending = rest
-        return int(line)
+        return line[:1], int(line[1:])
 
     def close(self) -> None:
         """Close the runner's ends; the shell, if alive, sees end of file on its control pipe and exits."""
@@ -248,11 +251,12 @@ class Runner:
             poller.register(fd, select.POLLIN)
         group, signal, timed_out = None, _SIGTERM, False
         while True:
-            number = shell.status()
-            if number is not None and group is None:
-                group, number = number, shell.status()
-            if number is not None:
-                return number, group, timed_out
+            report = shell.status()
+            while report is not None:
+                kind, number = report
+                if kind == b"s":
+                    return number, group, timed_out
+                group, report = number, shell.status()
             self.collect()
             if shell.pid in self.reaped:  # the command killed the shell: its status is the command's
                 status = self.reaped[shell.pid]

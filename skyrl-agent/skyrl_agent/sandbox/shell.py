@@ -18,6 +18,8 @@ processes; :mod:`.runner` says how):
 * **A command's processes do not outlive it**: when it returns or is killed at its timeout, everything it started
   (background jobs, ``setsid nohup … &`` daemons, a fork bomb that exhausted the pids limit) is SIGKILLed before
   the next command. To use a server, start it and use it within one command.
+* A command that stops itself (``kill -STOP $BASHPID``) ends there, with status 128+19, and its processes are
+  killed.
 * Commands read ``/dev/null`` as stdin. ``$$`` is the long-lived bash (the same for every command; ``$BASHPID``
   is the command's own subshell); a command that kills it ends there, and the next command gets a new one.
 * **Backstop**: the host waits at most ``T + KILL_AFTER + BACKSTOP`` for a reply. When none comes (the runner

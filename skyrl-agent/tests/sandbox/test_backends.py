@@ -112,6 +112,29 @@ def test_wedged_runner_is_respawned_by_the_backstop(backend_kind: str, monkeypat
     in_sandbox(backend_kind, body)
 
 
+def test_a_command_that_stops_itself_ends_there(backend_kind: str) -> None:
+    async def body(sb, _):
+        result = await sb.run("sleep 308 & kill -STOP $BASHPID; echo never", timeout_s=20)
+        assert (result.exit_code, result.timed_out, result.output) == (128 + 19, False, "")
+        assert (await sb.run(COUNT_SLEEPS)).output.strip() == "0"
+        assert (await sb.run(COUNT_STOPPED)).output.strip() == "0"
+
+    in_sandbox(backend_kind, body)
+
+
+@pytest.mark.slow
+def test_every_fresh_runner_answers_its_first_command(backend_kind: str) -> None:
+    # bash 5.2 could lose the record of a command's subshell and spin forever in `wait -f` (about one fresh runner
+    # in 200 hung on its first command); the subshell now runs as a foreground job.
+    async def body(sb, _):
+        for _ in range(300):
+            await sb._shell.close()  # the next command starts a new runner and shell
+            result = await sb.run("true && /bin/true", timeout_s=5)
+            assert (result.exit_code, result.timed_out) == (0, False)
+
+    in_sandbox(backend_kind, body)
+
+
 def test_cancelled_command_does_not_answer_the_next(backend_kind: str) -> None:
     async def body(sb, _):
         await sb.run("export KEPT=yes")
