@@ -170,3 +170,12 @@ def test_importing_tools_does_not_import_tool_modules() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_subclass_attribute_hides_an_inherited_tool() -> None:
+    class NoAdd(MathTools):
+        add = None  # type: ignore[assignment]
+
+    assert NoAdd().get_tool_names() == ["scale"]
+    assert MoreMath().get_tool_names() == ["add", "negate", "scale"]
+    assert MoreMath().execute_tool("add", 1, 2) == 100
