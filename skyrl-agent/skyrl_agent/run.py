@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,7 @@ def make_llm(model: str, served_model: str = "default") -> LLMClient | Any:
 
     The oracle needs each task's gold patch, so for it this returns a function of the episode.
     """
-    from skyrl_agent.llm.scripted import LatencyClient, ScriptedClient, null_policy, oracle_replies
+    from skyrl_agent.llm.scripted import LatencyClient, ModelledGPU, ScriptedClient, null_policy, oracle_replies
 
     if model.startswith("scripted:"):
         name = model.split(":", 1)[1]
@@ -63,7 +64,9 @@ def make_llm(model: str, served_model: str = "default") -> LLMClient | Any:
         if name == "null":
             return null_policy()
         if name == "latency-oracle":
-            return lambda episode: LatencyClient(oracle(episode), seed=hash(episode.id) % 1000)
+            gpu = ModelledGPU()  # one server for the whole run: episodes queue for its slots as on a real one
+            # crc32, not hash(): the same episode gets the same modelled delays in every process.
+            return lambda episode: LatencyClient(oracle(episode), gpu=gpu, seed=zlib.crc32(episode.id.encode()))
         raise ValueError(f"unknown scripted policy {name!r}; choose one of {', '.join(SCRIPTED)}")
     if model.startswith(("http://", "https://")):
         from skyrl_agent.llm.openai import OpenAIClient

@@ -156,3 +156,16 @@ def test_swe_env_null_submit_is_graded_unresolved() -> None:
 def test_swe_env_needs_a_task() -> None:
     with pytest.raises(ValueError, match="task"):
         SWEEnv(env_config={"backend": "process"})
+
+
+def test_latency_oracle_episodes_share_one_modelled_gpu() -> None:
+    from skyrl_agent.dispatch import Episode
+    from skyrl_agent.run import make_llm
+
+    factory = make_llm("scripted:latency-oracle")
+    tasks = load_suite()[:2]
+    clients = [factory(Episode(id=task.id, data={"task": task})) for task in tasks]
+    assert clients[0].gpu is clients[1].gpu
+    # The seed depends on the episode id only, not on the process's string hashing.
+    again = factory(Episode(id=tasks[0].id, data={"task": tasks[0]}))
+    assert clients[0]._rng.random() == again._rng.random()

@@ -112,6 +112,19 @@ def test_wedged_runner_is_respawned_by_the_backstop(backend_kind: str, monkeypat
     in_sandbox(backend_kind, body)
 
 
+def test_a_sandbox_python_of_another_version_compiles_the_runner(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runner is sent precompiled and as source; a python whose bytecode magic differs uses the source.
+    monkeypatch.setattr(shell, "MAGIC_NUMBER", b"\x00\x00\r\n")
+    monkeypatch.setattr(shell, "_RUNNER_CODE", b"not marshal data")  # would fail to load if it were used
+
+    async def body(sb, _):
+        assert (await sb.run("echo compiled here")).output == "compiled here\n"
+
+    in_sandbox(backend_kind, body)
+
+
 def test_a_command_that_stops_itself_ends_there(backend_kind: str) -> None:
     async def body(sb, _):
         result = await sb.run("sleep 308 & kill -STOP $BASHPID; echo never", timeout_s=20)

@@ -306,9 +306,11 @@ def _batches(tests: Sequence[LCBTest], code: str) -> list[tuple[str, str, list[s
     function, which runs the preamble itself and reads the arguments from stdin.
     """
     batches: list[tuple[str, str, list[str]]] = []
+    script: str | None = None  # the unwrapped code, parsed once for all stdin tests
     for test in tests:
         if test.testtype == "stdin":
-            setup, program = IMPORT_PREAMBLE, unwrap_main_guard(code)
+            script = unwrap_main_guard(code) if script is None else script
+            setup, program = IMPORT_PREAMBLE, script
         else:
             setup, program = "", build_functional_harness(code, test.func_name or "")
         if batches and batches[-1][:2] == (setup, program):
