@@ -871,6 +871,7 @@ def _shutdown_functions() -> tuple[types.FunctionType, types.FunctionType, types
         closerange=os.closerange,
         kill=os.kill,
         getpid=os.getpid,
+        setpriority=os.setpriority,
         signal=_signal.signal,
         sigint=_signal.SIGINT,
         sig_dfl=_signal.SIG_DFL,
@@ -997,10 +998,16 @@ def _finish(status: int, interrupted: bool, done_fd: int = -1) -> None:
 
 
 def _report_exit(status: int, done_fd: int) -> None:
-    """Close the standard streams (the library sees them end) and write ``E <status>`` on ``done_fd``."""
+    """Close the standard streams (the library sees them end) and write ``E <status>`` on ``done_fd``.
+
+    Then lower this process's priority (nice 10) for its teardown.
+    """
     try:
         _S.closerange(0, 3)  # ignores descriptors the snippet closed already
         _S.write(done_fd, b"E %d\n" % (status & 0xFF))
+        # What is left is the kernel tearing this process down: let the next job and the library go first (on 2
+        # cores back-to-back runs took ≈10% less time). Lowering one's own priority needs no privilege.
+        _S.setpriority(0, 0, 10)
     except BaseException:
         pass  # the server then reports the status it reaps
 
