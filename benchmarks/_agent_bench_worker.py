@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from _machine import read_cpu_seconds
+
 from skyrl_agent.agents.react import AgentConfig, ReActAgent, Trajectory
 from skyrl_agent.agents.swe_env import SWEEnv
 from skyrl_agent.dispatch import Dispatcher, DispatcherConfig, Episode, GradeResult, StageLimits, Trace
@@ -160,20 +162,6 @@ SCHEDULES: dict[str, Callable[[Workload, Sequence[Episode], StageLimits], Awaita
 
 
 # --- Measuring ------------------------------------------------------------------------------------------------------
-
-
-def read_cpu_seconds(path: str | None) -> float | None:
-    """CPU seconds used so far by the cgroup whose usage file is ``path`` (v1 ``cpuacct.usage`` or v2 ``cpu.stat``)."""
-    if not path:
-        return None
-    with open(path) as file:
-        text = file.read()
-    if os.path.basename(path) == "cpuacct.usage":
-        return int(text) / 1e9
-    for line in text.splitlines():
-        if line.startswith("usage_usec "):
-            return int(line.split()[1]) / 1e6
-    raise SystemExit(f"no usage_usec line in {path}")
 
 
 def host_busy_seconds() -> float:

@@ -37,6 +37,11 @@ from typing import Any
 
 import skyrl_gym
 
+# -P keeps this directory off the front of sys.path, so that nothing here can shadow skyrl_gym; the one module taken
+# from it, _machine, is found at the end of the path.
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from _machine import read_cpu_seconds
+
 Signature = list[list[Any]]  # one [reward, done, observation text] per step
 
 
@@ -208,20 +213,6 @@ def build_context(sql_data: str, workdir: str) -> dict[str, Any]:
         # Upstream reads env_config.db_path as an attribute; ours accepts any object with that attribute.
         "sql_config": types.SimpleNamespace(db_path=workdir),
     }
-
-
-def read_cpu_seconds(path: str | None) -> float | None:
-    """CPU seconds used so far by the cgroup whose usage file is ``path`` (v1 ``cpuacct.usage`` or v2 ``cpu.stat``)."""
-    if not path:
-        return None
-    with open(path) as file:
-        text = file.read()
-    if os.path.basename(path) == "cpuacct.usage":
-        return int(text) / 1e9
-    for line in text.splitlines():
-        if line.startswith("usage_usec "):
-            return int(line.split()[1]) / 1e6
-    raise SystemExit(f"no usage_usec line in {path}")
 
 
 def sandbox_info(impl: str, row: Row) -> dict[str, Any]:

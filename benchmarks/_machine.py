@@ -1,4 +1,5 @@
-"""What every benchmark records about the machine it ran on (imported by the benchmark scripts)."""
+"""What every benchmark records about the machine it ran on, and how its workers read CPU time (standard library only:
+the gym worker imports it into upstream's venv too)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,17 @@ def host_info() -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "platform": platform.platform(),
     }
+
+
+def read_cpu_seconds(path: str | None) -> float | None:
+    """CPU seconds used so far by the cgroup whose usage file is ``path`` (v1 ``cpuacct.usage`` or v2 ``cpu.stat``)."""
+    if not path:
+        return None
+    with open(path) as file:
+        text = file.read()
+    if os.path.basename(path) == "cpuacct.usage":
+        return int(text) / 1e9
+    for line in text.splitlines():
+        if line.startswith("usage_usec "):
+            return int(line.split()[1]) / 1e6
+    raise SystemExit(f"no usage_usec line in {path}")

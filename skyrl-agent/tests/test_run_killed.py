@@ -16,25 +16,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from skyrl_agent.cli import main
+from skyrl_agent.sandbox.docker_backend import containers_of_run
 from skyrl_agent.tasks import load_suite, save_tasks
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-
-def _containers(run_id: str) -> list[Any]:
-    """This run's containers, running or not, found by label through the Docker SDK."""
-    import docker
-
-    client = docker.from_env()
-    try:
-        return list(client.containers.list(all=True, filters={"label": [f"skyrl.run={run_id}"]}))
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -56,7 +45,7 @@ def _start_run(tmp_path: Path, run_id: str, model: str, n_tasks: int) -> subproc
 
 def _wait_for_containers(proc: subprocess.Popen[bytes], run_id: str, n: int, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while len(_containers(run_id)) < n:
+    while len(containers_of_run(run_id)) < n:
         assert proc.poll() is None, f"the run exited ({proc.returncode}) before its episodes were running"
         assert time.monotonic() < deadline, f"no {n} containers of run {run_id} after {timeout_s} s"
         time.sleep(0.2)
@@ -72,15 +61,15 @@ def test_sigkilled_run_is_cleaned_up(tmp_path: Path, silent_model_server: str, c
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     try:
-        assert len(_containers(run_id)) == 2  # nothing cleaned up after a SIGKILL
+        assert len(containers_of_run(run_id)) == 2  # nothing cleaned up after a SIGKILL
         if cleanup == "reap":
             assert main(["reap", "--run", run_id]) == 0  # no --all: the killed owner must be seen as dead
         else:
             # A new run reaps dead runs before it starts (it resolves nothing: the null policy submits at once).
             restart = _start_run(tmp_path, f"{run_id}-next", "scripted:null", n_tasks=1)
             assert restart.wait(timeout=300) == 0
-            assert _containers(f"{run_id}-next") == []  # and it cleans up after itself
-        assert _containers(run_id) == []
+            assert containers_of_run(f"{run_id}-next") == []  # and it cleans up after itself
+        assert containers_of_run(run_id) == []
     finally:
-        for container in _containers(run_id):
+        for container in containers_of_run(run_id):
             container.remove(force=True)

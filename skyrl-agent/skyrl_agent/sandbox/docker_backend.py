@@ -309,6 +309,15 @@ def list_managed(client: Any, run_id: str | None) -> tuple[list[Any], list[Any]]
     return containers, images
 
 
+def containers_of_run(run_id: str) -> list[Any]:
+    """The managed containers of run ``run_id``, running or not, through a Docker client of its own."""
+    client = connect(PING_TIMEOUT_S)
+    try:
+        return list(list_managed(client, run_id)[0])
+    finally:
+        client.close()
+
+
 def remove_image(client: Any, image: Any) -> bool:
     """Force-remove ``image`` with retries; True when it is gone (or was already)."""
     return _retry_remove(client.images.remove, image.id, f"image {image.short_id}")

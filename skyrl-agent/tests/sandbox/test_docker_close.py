@@ -14,7 +14,7 @@ import requests.exceptions
 from skyrl_agent.dispatch import Dispatcher, Episode, GradeResult, Outcome, RunContext
 from skyrl_agent.sandbox import docker_backend, reaper
 from skyrl_agent.sandbox.base import Sandbox, SandboxError, SandboxSpec
-from skyrl_agent.sandbox.docker_backend import DockerBackend, DockerSandbox
+from skyrl_agent.sandbox.docker_backend import DockerBackend, DockerSandbox, containers_of_run
 from skyrl_agent.testing import ScriptedClient
 
 from .conftest import SPEC
@@ -119,14 +119,6 @@ def test_failed_release_does_not_fail_the_episode() -> None:
 # -- against the daemon ----------------------------------------------------------------------------------------
 
 
-def _run_containers(run_id: str) -> list[Any]:
-    client = docker.from_env()
-    try:
-        return list(client.containers.list(all=True, filters={"label": [f"skyrl.run={run_id}"]}))
-    finally:
-        client.close()
-
-
 @pytest.mark.docker
 def test_a_container_that_survives_close_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
     run_id = "skyrl-test-close-leak"
@@ -143,7 +135,7 @@ def test_a_container_that_survives_close_is_reaped(monkeypatch: pytest.MonkeyPat
             with pytest.raises(SandboxError, match="could not be removed"):
                 await sandbox.close()
             await sandbox.close()
-            assert [c.id for c in _run_containers(run_id)] == [sandbox.container.id]  # leaked, as reported
+            assert [c.id for c in containers_of_run(run_id)] == [sandbox.container.id]  # leaked, as reported
             assert backend.leaked == [sandbox.container.id]
         finally:
             await backend.close()
@@ -153,7 +145,7 @@ def test_a_container_that_survives_close_is_reaped(monkeypatch: pytest.MonkeyPat
         # The owner (this process) is alive, so only an explicit reap of the run removes it.
         report = reaper.reap(run_id, dead_only=False)
         assert len(report.containers) == 1
-        assert _run_containers(run_id) == []
+        assert containers_of_run(run_id) == []
     finally:
         reaper.reap(run_id, dead_only=False)
 
@@ -172,4 +164,4 @@ def test_closing_a_sandbox_whose_container_was_removed_externally() -> None:
             await backend.close()
 
     asyncio.run(main())
-    assert _run_containers("skyrl-test-close-gone") == []
+    assert containers_of_run("skyrl-test-close-gone") == []
