@@ -32,15 +32,15 @@ from typing import Any
 
 from _machine import read_cpu_seconds
 
-from skyrl_agent.agents.react import AgentConfig, ReActAgent, Trajectory
-from skyrl_agent.agents.swe_env import SWEEnv
-from skyrl_agent.dispatch import Dispatcher, DispatcherConfig, Episode, GradeResult, StageLimits, Trace
+from skyrl_agent.agents.react import AgentConfig
+from skyrl_agent.dispatch import Dispatcher, DispatcherConfig, Episode, StageLimits, Trace
 from skyrl_agent.dispatch.context import RunContext
 from skyrl_agent.llm.base import LLMClient
 from skyrl_agent.llm.scripted import LatencyClient, ModelledGPU, ScriptedClient, oracle_replies
+from skyrl_agent.pipeline import SWEPipeline
 from skyrl_agent.run import ORACLE_PATCH
-from skyrl_agent.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
-from skyrl_agent.tasks import SWETask, grade, load_suite
+from skyrl_agent.sandbox.base import SandboxBackend, SandboxSpec
+from skyrl_agent.tasks import SWETask, load_suite
 
 MODES = ("sequential", "naive", "dispatcher")
 MAX_TURNS = 30
@@ -75,40 +75,32 @@ class GPUParams:
 
 
 class Workload:
-    """What every schedule runs: sandboxes from ``backend``, the oracle on the shared ``gpu``, SWE-bench grading."""
+    """What every schedule runs: the stages of ``skyrl-agent run`` (:class:`SWEPipeline`) on sandboxes from
+    ``backend``, with the oracle on the shared ``gpu``."""
 
     def __init__(self, backend: SandboxBackend, gpu: ModelledGPU) -> None:
-        self.backend = backend
         self.gpu = gpu
         self.resolved = 0
+        pipeline = SWEPipeline(
+            backend,
+            agent=AgentConfig(max_turns=MAX_TURNS),
+            spec=SandboxSpec(pids_limit=PIDS_LIMIT),
+            on_finished=self._finished,
+        )
+        self.acquire, self.run_agent, self.grade, self.release = (
+            pipeline.acquire,
+            pipeline.run_agent,
+            pipeline.grade,
+            pipeline.release,
+        )
 
     def llm(self, episode: Episode) -> LLMClient:
         task: SWETask = episode.data["task"]
         oracle = ScriptedClient(oracle_replies(task.gold_patch, workdir=".", patch_path=ORACLE_PATCH))
         return LatencyClient(oracle, gpu=self.gpu, seed=zlib.crc32(episode.id.encode()))
 
-    def spec(self, task: SWETask) -> SandboxSpec:
-        return SandboxSpec(image=task.base_image, workdir=task.workdir, pids_limit=PIDS_LIMIT)
-
-    async def acquire(self, episode: Episode) -> Sandbox:
-        return await self.backend.create(self.spec(episode.data["task"]))
-
-    async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Trajectory:
-        extras = {"task": episode.data["task"], "sandbox": sandbox, "grade": False, "max_turns": MAX_TURNS + 1}
-        env = SWEEnv(extras=extras)
-        try:
-            return await ReActAgent(llm, env, AgentConfig(max_turns=MAX_TURNS)).run([], ctx)
-        finally:
-            await env.aclose()
-
-    async def grade(self, episode: Episode, sandbox: Sandbox, trajectory: Any) -> GradeResult:
-        task: SWETask = episode.data["task"]
-        verdict = await grade(task, trajectory.submission or "", self.backend, spec=self.spec(task))
-        self.resolved += verdict.resolved
-        return GradeResult(1.0 if verdict.resolved else 0.0, verdict.resolved)
-
-    async def release(self, sandbox: Sandbox) -> None:
-        await sandbox.close()
+    def _finished(self, episode: Episode, resolved: bool) -> None:
+        self.resolved += resolved
 
 
 # --- Schedules ------------------------------------------------------------------------------------------------------

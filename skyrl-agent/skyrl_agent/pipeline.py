@@ -13,7 +13,7 @@ Episodes carry their task as ``episode.data["task"]`` (an :class:`~skyrl_agent.t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from skyrl_agent.agents.react import AgentConfig, ReActAgent, Trajectory
@@ -38,6 +38,8 @@ class SWEPipeline:
         backend: Where episode and grading sandboxes come from; the caller owns it (and closes it).
         agent: The agent's limits and sampling parameters.
         labels: Extra labels on every sandbox (e.g. ``{"skyrl.run": run_id}``).
+        spec: What every sandbox starts from (limits, user, network…); each task sets the image and working
+            directory, and ``labels`` are added to the spec's own.
         env_options: Extra :class:`SWEEnv` options (``command_timeout_s``, ``max_output_chars``).
         on_finished: Called with the episode and whether it was resolved, once it is graded or truncated.
     """
@@ -45,6 +47,7 @@ class SWEPipeline:
     backend: SandboxBackend
     agent: AgentConfig = field(default_factory=AgentConfig)
     labels: Mapping[str, str] = field(default_factory=dict)
+    spec: SandboxSpec = field(default_factory=SandboxSpec)
     env_options: Mapping[str, Any] = field(default_factory=dict)
     on_finished: Callable[[Episode, bool], None] | None = None
 
@@ -96,7 +99,8 @@ class SWEPipeline:
         await sandbox.close()
 
     def _spec(self, task: SWETask, labels: Mapping[str, str]) -> SandboxSpec:
-        return SandboxSpec(image=task.base_image, workdir=task.workdir, labels={**self.labels, **labels})
+        labels = {**self.spec.labels, **self.labels, **labels}
+        return replace(self.spec, image=task.base_image, workdir=task.workdir, labels=labels)
 
     def _finished(self, episode: Episode, *, resolved: bool) -> None:
         if self.on_finished is not None:
