@@ -41,7 +41,10 @@ def extract_solution(solution_str: str, method: ExtractionMethod = "strict") -> 
     """
     if method == "strict":
         match = _STRICT_ANSWER.search(solution_str)
-        return None if match is None else _clean_number(match.group(1))
+        if match is None:
+            return None
+        raw: str = match[1]
+        return _clean_number(raw) if "," in raw else raw  # "$" cannot occur: the pattern's class excludes it
     if method == "flexible":
         for candidate in reversed(_NUMBER_LIKE.findall(solution_str)):
             # Runs such as "." or "," (sentence punctuation) match the pattern but are not answers.
@@ -71,7 +74,7 @@ def compute_score(
         ``score`` if the extracted answer equals ``ground_truth`` exactly, ``format_score`` if an answer was
         extracted but differs, and the integer ``0`` if no answer could be extracted.
     """
-    answer = extract_solution(solution_str, method=method)
+    answer = extract_solution(solution_str, method)
     if answer is None:
         return 0
     return score if answer == str(ground_truth) else format_score
