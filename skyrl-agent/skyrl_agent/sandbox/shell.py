@@ -3,7 +3,8 @@ r"""One command runner per sandbox, driven over the stdin/stdout pipes of a proc
 Every backend hands :class:`PersistentShell` the command prefix that runs a program inside its sandbox
 (``docker exec -i …``, ``bwrap …``, or nothing for a host process). The shell starts the command runner
 (:mod:`.runner`) through it as ``python3 -I -S`` and sends it the runner on stdin (compiled, when the sandbox's
-python reads this interpreter's bytecode; else its source). Each command then
+python reads this interpreter's bytecode; else its source). A backend may start the first runner its own way
+(a :data:`ChannelOpener`: Docker has the container's init process start it, :mod:`.attach`). Each command then
 runs in a subshell forked from a long-lived bash: no exec and no helper program per command (a round trip for
 ``true`` takes ≈1.5 ms in Docker and ≈1 ms locally on 2 shared cores; see docs/agent/sandboxes.md).
 
@@ -38,10 +39,11 @@ import contextlib
 import marshal
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.util import MAGIC_NUMBER
 from pathlib import Path
+from typing import Protocol
 
 from skyrl_agent.sandbox.base import CommandResult, SandboxError
 from skyrl_agent.sandbox.runner import KILL_AFTER_S, NAME
@@ -67,6 +69,64 @@ _BOOT = (
 
 class ShellDiedError(SandboxError):
     """The command runner exited or stopped answering and could not be restarted (the sandbox may be gone)."""
+
+
+class RunnerChannel(Protocol):
+    """The host's end of one command runner: its stdin, its stdout and stderr merged, and whether it still runs."""
+
+    @property
+    def stdin(self) -> asyncio.StreamWriter:
+        """Where requests go."""
+
+    @property
+    def stdout(self) -> asyncio.StreamReader:
+        """Where replies (and anything the runner prints on stderr) come from."""
+
+    @property
+    def alive(self) -> bool:
+        """False once the host knows the runner has ended."""
+
+    async def kill(self) -> None:
+        """Disconnect from the runner (the runner sees its stdin end) and release the channel; idempotent."""
+
+
+ChannelOpener = Callable[[Sequence[str]], Awaitable[RunnerChannel]]
+"""Starts the runner's command line (``python3 -I -S -c …``) in the sandbox, or hands it to a process there that
+starts it, and returns the channel to it."""
+
+
+class _ProcessChannel:
+    """A host process (``docker exec -i …``, ``bwrap …``, or the runner itself) with its stdin and stdout piped."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        self._proc = proc
+        self.stdin: asyncio.StreamWriter = proc.stdin
+        self.stdout: asyncio.StreamReader = proc.stdout
+
+    @classmethod
+    async def start(cls, argv: Sequence[str], env: dict[str, str] | None) -> _ProcessChannel:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C on the host terminal must not reach the sandbox first
+        )
+        return cls(proc)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.returncode is None
+
+    async def kill(self) -> None:
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._proc.wait(), 5.0)
 
 
 @dataclass(frozen=True)
@@ -113,15 +173,19 @@ class PersistentShell:
         self._python = python
         self._own_namespace = own_pid_namespace
         self._keep: list[int] = []  # pids present before the first runner (PID 1, the dead-man ``sleep``)
-        self._proc: asyncio.subprocess.Process | None = None
+        self._channel: RunnerChannel | None = None
         self._lock = asyncio.Lock()
         # A request was cancelled before its reply was read: that reply would answer the next request, so the
         # next request starts a new runner first (which also ends what the cancelled command left running).
         self._out_of_step = False
 
-    async def start(self, initial_workdir: str) -> None:
-        """Start the runner and write the initial state (its environment, ``initial_workdir``)."""
-        self._keep = await self._spawn(initial_workdir, None)
+    async def start(self, initial_workdir: str, *, opener: ChannelOpener | None = None) -> None:
+        """Start the runner and write the initial state (its environment, ``initial_workdir``).
+
+        ``opener``: how to start this first runner, instead of running its command line behind ``argv`` (a
+        backend that has a process in the sandbox waiting to start it). Respawns always go through ``argv``.
+        """
+        self._keep = await self._spawn(initial_workdir, None, opener)
 
     async def run(self, command: str, *, timeout_s: float, workdir: str | None = None) -> CommandResult:
         """Run ``command`` with its timeout enforced inside the sandbox; see the module docstring."""
@@ -161,22 +225,20 @@ class PersistentShell:
 
     @property
     def alive(self) -> bool:
-        """Whether the host-side process is running."""
-        return self._proc is not None and self._proc.returncode is None
+        """Whether the runner is (as far as the host can tell) running."""
+        return self._channel is not None and self._channel.alive
 
     async def _request(self, request: bytes, *, deadline_s: float) -> _Reply | None:
         """Send ``request`` and read the reply; None (after a respawn) when none came within ``deadline_s``."""
         async with self._lock:
             if self._out_of_step or not self.alive:
                 await self._spawn(None, self._keep if self._own_namespace else None)
-            proc = self._proc
-            assert proc is not None
-            assert proc.stdin is not None
-            assert proc.stdout is not None
+            channel = self._channel
+            assert channel is not None
             try:
                 self._out_of_step = True  # until the whole reply is read
-                proc.stdin.write(request)
-                reply = await asyncio.wait_for(self._read_reply(proc.stdin, proc.stdout), deadline_s)
+                channel.stdin.write(request)
+                reply = await asyncio.wait_for(self._read_reply(channel.stdin, channel.stdout), deadline_s)
                 self._out_of_step = False
                 return reply
             except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
@@ -191,11 +253,14 @@ class PersistentShell:
         code, timed_out, truncated, length = (int(field) for field in (await stdout.readline()).split())
         return _Reply(code, bool(timed_out), bool(truncated), await stdout.readexactly(length))
 
-    async def _spawn(self, workdir: str | None, keep: list[int] | None) -> list[int]:
+    async def _spawn(
+        self, workdir: str | None, keep: list[int] | None, opener: ChannelOpener | None = None
+    ) -> list[int]:
         """(Re)start the runner; returns the pids that were present in the sandbox before it.
 
         ``workdir``: write the initial state with this working directory (None on a respawn: keep the state).
         ``keep``: sweep every other process first (see :func:`.runner.sweep`).
+        ``opener``: starts the runner's command line (default: as a host process, behind ``argv``).
         """
         await self._kill()
         self._out_of_step = False
@@ -204,44 +269,31 @@ class PersistentShell:
         source_end = code_end + len(_RUNNER_SOURCE)
         source = MAGIC_NUMBER + _RUNNER_CODE + _RUNNER_SOURCE + call.encode()
         boot = _BOOT.format(name=NAME.decode(), n=len(source), c=code_end, s=source_end)
-        self._proc = proc = await asyncio.create_subprocess_exec(
-            *self._argv,
-            self._python,
-            "-I",
-            "-S",
-            "-c",
-            boot,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=self._env,
-            start_new_session=True,  # a Ctrl-C on the host terminal must not reach the sandbox first
-        )
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        proc.stdin.write(source)
+        command = [self._python, "-I", "-S", "-c", boot]
+        channel: RunnerChannel
+        if opener is None:
+            channel = await _ProcessChannel.start([*self._argv, *command], self._env)
+        else:
+            channel = await opener(command)
+        self._channel = channel
+        channel.stdin.write(source)
         hello = b""
         with contextlib.suppress(OSError, TimeoutError, ValueError):
-            await proc.stdin.drain()
-            hello = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
+            await channel.stdin.drain()
+            hello = await asyncio.wait_for(channel.stdout.readline(), START_TIMEOUT_S)
         if hello.startswith(NAME + b" ready"):
             return [int(pid) for pid in hello.split()[2:]]
         with contextlib.suppress(OSError, TimeoutError, ValueError):
-            hello += await asyncio.wait_for(proc.stdout.read(4000), 1.0)
+            hello += await asyncio.wait_for(channel.stdout.read(4000), 1.0)
         await self._kill()
         text = hello.decode(errors="replace").strip()[-2000:]
-        command = " ".join([*self._argv, self._python][:3])
-        raise ShellDiedError(f"the sandbox command runner did not start ({command} …): {text}")
+        where = " ".join([*self._argv, self._python][:3]) if opener is None else "the sandbox's init process"
+        raise ShellDiedError(f"the sandbox command runner did not start ({where} …): {text}")
 
     async def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(proc.wait(), 5.0)
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.kill()
 
     @staticmethod
     def _raise_for_file(reply: _Reply | None, path: str) -> None:
