@@ -3,8 +3,9 @@
 Each sandbox is a hardened container (no network unless asked, memory/CPU/pids limits, all capabilities
 dropped, no-new-privileges, tini as PID 1, a non-root user) whose main process holds a dead-man ``sleep`` and
 starts the first command runner (:mod:`.shell`) on the container's own streams, attached before the start
-(:mod:`.attach`); a runner started later (a respawn) is reached through a ``docker exec -i`` stream. Every container and committed image carries
-the labels ``skyrl.managed=1``, ``skyrl.run``, ``skyrl.episode`` and ``skyrl.owner`` (see :mod:`.reaper`).
+(:mod:`.attach`); a runner started later (a respawn) is reached through a ``docker exec -i`` stream. Every
+container and committed image carries the labels ``skyrl.managed=1``, ``skyrl.run``, ``skyrl.episode`` and
+``skyrl.owner`` (see :mod:`.reaper`).
 
 SDK calls block, so they run in threads; the client has explicit timeouts so an unreachable daemon fails fast
 with :class:`SandboxUnavailableError` instead of hanging.

@@ -27,6 +27,8 @@ user namespace (bwrap's ``--unshare-all`` would add one that maps only uid 0), t
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -90,13 +92,28 @@ def _docker(args: list[str]) -> str:
     return proc.stdout
 
 
+_MNT_DETACH = 2
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _overlay_mount(lowers: list[Path], upper: Path, work: Path, merged: Path) -> bool:
-    """Mount an overlay; False when this process may not mount (not root, or the kernel refuses)."""
+    """Mount an overlay; False when this process may not mount (not root, or the kernel refuses).
+
+    mount(2) directly: the ``mount`` program took ≈1.5 ms of a ≈19 ms fork.
+    """
     if os.geteuid() != 0:
         return False
     options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={work}"
-    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], capture_output=True)
-    return proc.returncode == 0
+    return _libc().mount(b"overlay", os.fsencode(merged), b"overlay", 0, options.encode()) == 0
+
+
+def _unmount(merged: Path) -> None:
+    """Detach the overlay (lazily, as ``umount -l``: a process that still holds it does not make this fail)."""
+    _libc().umount2(os.fsencode(merged), _MNT_DETACH)
 
 
 @dataclass
@@ -193,7 +210,7 @@ class LocalSandbox:
 
 def _destroy(dirs: _Dirs) -> None:
     if dirs.mounted:
-        subprocess.run(["umount", "-l", str(dirs.merged)], capture_output=True, check=False)
+        _unmount(dirs.merged)
     shutil.rmtree(dirs.base, ignore_errors=True)
 
 
