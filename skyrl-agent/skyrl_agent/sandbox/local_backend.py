@@ -108,7 +108,8 @@ def _overlay_mount(lowers: list[Path], upper: Path, work: Path, merged: Path) ->
     if os.geteuid() != 0:
         return False
     options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={work}"
-    return _libc().mount(b"overlay", os.fsencode(merged), b"overlay", 0, options.encode()) == 0
+    status: int = _libc().mount(b"overlay", os.fsencode(merged), b"overlay", 0, options.encode())
+    return status == 0
 
 
 def _unmount(merged: Path) -> None:
