@@ -908,7 +908,12 @@ def _unraisable_hook_args_type() -> type:
         _Probe()
     finally:
         sys.unraisablehook = hook
-    return type(seen[0])
+    args_type = type(seen[0])
+    # The argument's traceback reaches this frame, and this frame's `seen` the argument: a cycle that holds this
+    # module's globals. Left to the collector, it kept a snippet's cyclic garbage from being finalized at exit
+    # (no __del__ ran) in an interpreter that shuts down for real. Break it now.
+    seen.clear()
+    return args_type
 
 
 _S = types.SimpleNamespace()  # replaced, in the private scope, by what _shutdown_functions captured

@@ -11,6 +11,7 @@ import pytest
 
 from skyrl_gym.sandbox import CodeExecutor
 
+CYCLE = "class A:\n    def __del__(self):\n        print('finalized', flush=True)\n"
 SNIPPETS = {
     "print": "print(1)\nprint('a', 'b', sep='-', end='!')",
     "syntax_error": "x = (1,\ny = 2",
@@ -36,6 +37,12 @@ SNIPPETS = {
     "deprecation_in_main": "import warnings\nwarnings.warn('old', DeprecationWarning)",
     "atexit": "import atexit\natexit.register(print, 'at exit')\nprint('main')",
     "del_at_exit": "class A:\n    def __del__(self):\n        print('deleted')\na = A()",
+    # Cyclic garbage is finalized by the collection at exit: from the youngest generations, from the oldest (an
+    # explicit collection moved the cycle there) and from objects the snippet froze and unfroze.
+    "cycle_del_at_exit": CYCLE + "a = A()\na.me = a",
+    "cycle_del_after_collect": CYCLE + "import gc\na = A()\na.me = a\ngc.collect()\nprint('collected')",
+    "cycle_del_after_many_collections": CYCLE + "a = A()\na.me = a\nkeep = [[i] for i in range(300000)]\nprint('made')",
+    "cycle_del_after_unfreeze": CYCLE + "import gc\na = A()\na.me = a\ngc.freeze()\ngc.unfreeze()\nprint('thawed')",
     "thread_joined_at_exit": (
         "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.05), print('t'))).start()"
     ),
