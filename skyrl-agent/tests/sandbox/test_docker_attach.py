@@ -9,9 +9,8 @@ import pytest
 
 from skyrl_agent.sandbox import attach, docker_backend
 from skyrl_agent.sandbox.attach import runner_argv_input
-from skyrl_agent.sandbox.docker_backend import DockerBackend
 
-from .conftest import SPEC
+from .conftest import SPEC, in_sandbox
 
 LIST = 'for p in /proc/[0-9]*; do printf \'%s %s\\n\' "${p#/proc/}" "$(cat $p/comm)"; done 2> /dev/null'
 
@@ -24,72 +23,57 @@ async def _processes(sandbox) -> dict[str, str]:
 
 @pytest.mark.docker
 def test_the_first_runner_needs_no_exec_and_survives_pkill_bash() -> None:
-    async def main() -> None:
-        backend = DockerBackend(run_id="skyrl-test-attach")
-        try:
-            sb = await backend.create(SPEC)
-            sb.container.reload()
-            assert not sb.container.attrs["ExecIDs"]  # no `docker exec` was needed to reach the runner
-            names = await _processes(sb)
-            assert {"skyrl-init", "skyrl-runner", "sleep"} <= set(names)
-            # The init process is not a `bash` by name: a command's `pkill bash` ends only the runner's shell.
-            await sb.run("pkill -KILL bash", timeout_s=10)
-            assert (await sb.run("echo alive")).output == "alive\n"
-            sb.container.reload()
-            assert sb.container.status == "running"
-            assert not sb.container.attrs["ExecIDs"]  # ... and the same runner answers
-        finally:
-            await backend.close()
+    async def body(sb, _) -> None:
+        sb.container.reload()
+        assert not sb.container.attrs["ExecIDs"]  # no `docker exec` was needed to reach the runner
+        names = await _processes(sb)
+        assert {"skyrl-init", "skyrl-runner", "sleep"} <= set(names)
+        # The init process is not a `bash` by name: a command's `pkill bash` ends only the runner's shell.
+        await sb.run("pkill -KILL bash", timeout_s=10)
+        assert (await sb.run("echo alive")).output == "alive\n"
+        sb.container.reload()
+        assert sb.container.status == "running"
+        assert not sb.container.attrs["ExecIDs"]  # ... and the same runner answers
 
-    asyncio.run(main())
+    in_sandbox("docker", body)
 
 
 @pytest.mark.docker
 def test_a_runner_that_dies_between_commands_is_replaced_before_the_next() -> None:
-    async def main() -> None:
-        backend = DockerBackend(run_id="skyrl-test-attach")
-        try:
-            sb = await backend.create(SPEC)
-            await sb.run("cd /tmp && export KEPT=yes")
-            # Killed from outside while idle, as the OOM killer would: no request is waiting for its reply.
-            runner = (await _processes(sb))["skyrl-runner"]
-            assert sb.container.exec_run(["bash", "-c", f"kill -9 {runner}"], user=SPEC.user).exit_code == 0
-            deadline = time.monotonic() + 10
-            while sb._shell.alive and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert not sb._shell.alive  # the init process said so on the attach stream
-            result = await sb.run('pwd; echo "$KEPT"')
-            assert (result.output, result.exit_code) == ("/tmp\nyes\n", 0)  # a new runner ran it
-            names = await _processes(sb)
-            assert {"skyrl-init", "sleep"} <= set(names)  # the respawned runner's sweep kept them
-        finally:
-            await backend.close()
+    async def body(sb, _) -> None:
+        await sb.run("cd /tmp && export KEPT=yes")
+        # Killed from outside while idle, as the OOM killer would: no request is waiting for its reply.
+        runner = (await _processes(sb))["skyrl-runner"]
+        assert sb.container.exec_run(["bash", "-c", f"kill -9 {runner}"], user=SPEC.user).exit_code == 0
+        deadline = time.monotonic() + 10
+        while sb._shell.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not sb._shell.alive  # the init process said so on the attach stream
+        result = await sb.run('pwd; echo "$KEPT"')
+        assert (result.output, result.exit_code) == ("/tmp\nyes\n", 0)  # a new runner ran it
+        names = await _processes(sb)
+        assert {"skyrl-init", "sleep"} <= set(names)  # the respawned runner's sweep kept them
 
-    asyncio.run(main())
+    in_sandbox("docker", body)
 
 
 @pytest.mark.docker
 def test_a_vanished_host_leaves_the_dead_man_in_charge(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(docker_backend, "DEAD_MAN_S", 3)
 
-    async def main() -> None:
-        backend = DockerBackend(run_id="skyrl-test-attach")
-        try:
-            sb = await backend.create(SPEC)
-            assert (await sb.run("echo up")).output == "up\n"
-            # What the host's death does to the attach stream: it closes. The runner's stdin ends with it.
-            await sb._shell.close()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                sb.container.reload()
-                if sb.container.status == "exited":
-                    break
-                await asyncio.sleep(0.2)
-            assert sb.container.status == "exited"
-        finally:
-            await backend.close()
+    async def body(sb, _) -> None:
+        assert (await sb.run("echo up")).output == "up\n"
+        # What the host's death does to the attach stream: it closes. The runner's stdin ends with it.
+        await sb._shell.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sb.container.reload()
+            if sb.container.status == "exited":
+                break
+            await asyncio.sleep(0.2)
+        assert sb.container.status == "exited"
 
-    asyncio.run(main())
+    in_sandbox("docker", body)
 
 
 def test_runner_arguments_are_checked() -> None:
