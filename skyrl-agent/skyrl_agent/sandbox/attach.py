@@ -1,6 +1,6 @@
 """A command runner reached through a Docker *attach* stream: the container's own stdin, stdout and stderr.
 
-Starting a container costs the daemon ≈150 ms; a ``docker exec`` into it costs another ≈40–60 ms before anything
+Starting a container costs the daemon ≈155 ms here; a ``docker exec`` into it costs another ≈40–60 ms before anything
 runs. So the first runner of a Docker sandbox is started by the container's main process, :data:`INIT_SCRIPT`,
 on the streams the host attached before the start, and no exec is needed. Later runners (a respawn after the
 runner died or wedged) come through ``docker exec`` as usual.

@@ -27,7 +27,7 @@ processes; :mod:`.runner` says how):
 * **Backstop**: the host waits at most ``T + KILL_AFTER + BACKSTOP`` for a reply. When none comes (the runner
   was killed, stopped or is wedged), it respawns the runner; in a sandbox with a PID namespace of its own, whose
   processes outlive the runner (Docker), the new runner first kills every process except those present before
-  the first runner started (PID 1, the dead-man ``sleep``).
+  the first runner started (PID 1 and, in Docker, the init script and its dead-man ``sleep``).
 
 The sandbox needs ``bash`` (≥ 4.1) and ``python3`` (≥ 3.8) on its PATH.
 """
@@ -172,7 +172,7 @@ class PersistentShell:
         self._env = env
         self._python = python
         self._own_namespace = own_pid_namespace
-        self._keep: list[int] = []  # pids present before the first runner (PID 1, the dead-man ``sleep``)
+        self._keep: list[int] = []  # pids present before the first runner (PID 1, Docker's init script, …)
         self._channel: RunnerChannel | None = None
         self._lock = asyncio.Lock()
         # A request was cancelled before its reply was read: that reply would answer the next request, so the
