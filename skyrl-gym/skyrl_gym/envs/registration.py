@@ -216,18 +216,10 @@ def make(id: str | EnvSpec, **kwargs: Any) -> Env[Any, Any]:
         TypeError: The entry point rejected the arguments; the message names the env id.
         skyrl_gym.error.InvalidEnvError: The entry point returned something that is not an :class:`Env`.
     """
-    if isinstance(id, EnvSpec):
-        env_spec = id
-    elif (found := registry.get(id)) is not None:
-        env_spec = found
-    else:
-        raise error.UnregisteredEnvError(unregistered_env_message(id))
+    env_spec = id if isinstance(id, EnvSpec) else spec(id)
     # Most specs register no default kwargs: then the call's own dict (built afresh by **) is the whole of them.
     env_kwargs = copy.deepcopy(env_spec.kwargs) | kwargs if env_spec.kwargs else kwargs
-    # Resolved once per entry point string: importlib's lookups would dominate the cost of make() otherwise.
-    creator = _CREATORS.get(env_spec.entry_point) if isinstance(env_spec.entry_point, str) else None
-    if creator is None:
-        creator = _resolve_creator(env_spec)
+    creator = _resolve_creator(env_spec)
     try:
         env = creator(**env_kwargs)
     except TypeError as exc:
@@ -247,6 +239,7 @@ def _resolve_creator(env_spec: EnvSpec) -> EnvCreator:
     if entry_point is None:
         raise error.InvalidEntryPointError(f"Env {env_spec.id!r} is registered without an entry point.")
     if isinstance(entry_point, str):
+        # Resolved once per entry point: importlib's lookups dominate the cost of make() otherwise.
         creator = _CREATORS.get(entry_point)
         if creator is None:
             creator = _CREATORS[entry_point] = load_env_creator(entry_point)
