@@ -127,16 +127,17 @@ class SWEEnv(BaseTextEnv):
 
     async def ainit(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Acquire a sandbox, write the repository into it, and return the instructions (``prompt`` is ignored)."""
-        from skyrl_agent.tasks.grading import prepare_workspace
+        from skyrl_agent.tasks.workspace import prepare_workspace
 
         self.sandbox = await self._acquire()
-        await prepare_workspace(self.task, self.sandbox)
+        base_commit = await prepare_workspace(self.task, self.sandbox)
         self._tools = SandboxToolEnv(
             self.sandbox,
             workdir=self.task.workdir,
             command_timeout_s=self.command_timeout_s,
             max_output_chars=self.max_output_chars,
             max_turns=self.max_turns + 1,  # this env ends the episode itself (and grades)
+            base_commit=base_commit,
         )
         return instructions(self.task, self.max_turns), {"task_id": self.task.id, "sandbox": self.sandbox.id}
 

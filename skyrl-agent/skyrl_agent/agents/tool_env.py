@@ -25,6 +25,7 @@ class SandboxToolEnv(BaseTextEnv):
         command_timeout_s: Per-command timeout, enforced inside the sandbox.
         max_output_chars: Observations are cut to this many characters.
         max_turns: Steps at most (the agent usually stops first).
+        base_commit: The commit ``submit`` diffs against (default: the repository's ``HEAD`` at the first diff).
     """
 
     def __init__(
@@ -35,10 +36,12 @@ class SandboxToolEnv(BaseTextEnv):
         command_timeout_s: float = 60.0,
         max_output_chars: int = 10_000,
         max_turns: int = 100,
+        base_commit: str | None = None,
     ) -> None:
         super().__init__()
         self.sandbox, self.workdir = sandbox, workdir
         self.command_timeout_s, self.max_output_chars, self.max_turns = command_timeout_s, max_output_chars, max_turns
+        self.base_commit = base_commit
         self._history: dict[str, list[bytes]] = {}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
@@ -64,11 +67,17 @@ class SandboxToolEnv(BaseTextEnv):
         return self._out(await self._edit(parsed))
 
     async def diff(self) -> str:
-        """The repository's changes so far, new files included, as a unified diff (``git diff`` of the index)."""
-        patch = await self.sandbox.run(
-            "git add -A && git diff --cached", timeout_s=self.command_timeout_s, workdir=self.workdir
-        )
-        return patch.output
+        """The repository's changes against the base commit, new files included, whole (see :mod:`.workspace`).
+
+        Git runs with the grader's own environment and configuration, not the agent's shell state. A repository
+        the agent broke so badly that no diff can be taken submits nothing (an empty diff).
+        """
+        from skyrl_agent.tasks.workspace import WorkspaceError, submission_diff
+
+        try:
+            return await submission_diff(self.sandbox, self.workdir, self.base_commit)
+        except (WorkspaceError, OSError):
+            return ""
 
     def _out(self, text: str) -> BaseTextEnvStepOutput:
         if len(text) > self.max_output_chars:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from skyrl_agent.tasks.format import SWETask, TaskFormatError, load_swebench, load_tasks, save_tasks
-from skyrl_agent.tasks.grading import GradeResult, grade, prepare_workspace
+from skyrl_agent.tasks.grading import Grader, GradeResult, grade
 from skyrl_agent.tasks.validate import ValidationReport, validate_task, validate_tasks
+from skyrl_agent.tasks.workspace import WorkspaceError, prepare_workspace, submission_diff
 
 SUITE_PATH = Path(__file__).parent / "suite" / "tasks.jsonl"
 
@@ -23,15 +24,18 @@ def load_suite() -> list[SWETask]:
 __all__ = [
     "SUITE_PATH",
     "GradeResult",
+    "Grader",
     "SWETask",
     "TaskFormatError",
     "ValidationReport",
+    "WorkspaceError",
     "grade",
     "load_suite",
     "load_swebench",
     "load_tasks",
     "prepare_workspace",
     "save_tasks",
+    "submission_diff",
     "validate_task",
     "validate_tasks",
 ]

@@ -11,10 +11,12 @@ Errors in a task file raise :class:`TaskFormatError`, whose message names the fi
 from __future__ import annotations
 
 import json
+import math
 import os
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 DEFAULT_TEST_COMMAND = "python3 -m pytest -q -rA -p no:cacheprovider"
@@ -50,7 +52,53 @@ class SWETask:
     workdir: str = "/workspace"
     base_commit: str | None = None
     timeout_s: float = 120.0  # limit of one hidden-test run
+    reference_s: float | None = None  # the gold patch's test run, measured by `tasks validate --record`
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PytestCommand:
+    """A task's ``test_command`` taken apart: the interpreter, pytest's arguments, and the declared plugins."""
+
+    python: str
+    args: tuple[str, ...]
+    plugins: tuple[str, ...]  # modules named by ``-p NAME``: imported before the repository is on sys.path
+
+
+# The grader sets these itself (config, rootdir, conftest boundary, plugin autoload): a task may not.
+_GRADER_OPTIONS = ("-c", "--rootdir", "--confcutdir", "--config-file", "--inifile")
+
+
+def parse_test_command(command: str) -> PytestCommand:
+    """Split ``PYTHON -m pytest ARGS`` (or ``pytest ARGS``, run with ``python3``) into a :class:`PytestCommand`.
+
+    Raises:
+        ValueError: the command is not a pytest invocation, or sets an option the grader owns.
+    """
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise ValueError(f"cannot split the command ({exc})") from exc
+    if words and PurePosixPath(words[0]).name in ("pytest", "py.test"):
+        python, rest = "python3", words[1:]
+    elif len(words) >= 3 and words[1:3] == ["-m", "pytest"]:
+        python, rest = words[0], words[3:]
+    else:
+        raise ValueError(f"{command!r} is not 'PYTHON -m pytest [ARGS]' or 'pytest [ARGS]' (the grader runs pytest)")
+    args: list[str] = []
+    plugins: list[str] = []
+    words_iter = iter(rest)
+    for word in words_iter:
+        if word.split("=", 1)[0] in _GRADER_OPTIONS:
+            raise ValueError(f"{word.split('=', 1)[0]} is set by the grader; remove it from the test command")
+        name = next(words_iter, "") if word == "-p" else word[2:] if word.startswith("-p") else None
+        if name is None or name.startswith("no:"):
+            args += [word] if name is None else ["-p", name]
+        elif not name:
+            raise ValueError("-p needs a plugin module name")
+        else:
+            plugins.append(name)
+    return PytestCommand(python, tuple(args), tuple(plugins))
 
 
 def repo_files(task: SWETask) -> dict[str, bytes]:
@@ -60,12 +108,15 @@ def repo_files(task: SWETask) -> dict[str, bytes]:
     if isinstance(task.repo, Path):
         if not task.repo.is_dir():
             raise TaskFormatError(f"task {task.id!r}: repo directory {task.repo} does not exist")
+        _check_no_escaping_links(task.repo, f"task {task.id!r}")
         files: dict[str, bytes] = {}
-        for path in sorted(task.repo.rglob("*")):
-            rel = path.relative_to(task.repo)
-            if path.is_file() and not _SKIPPED_DIRS.intersection(rel.parts) and path.suffix != ".pyc":
-                files[rel.as_posix()] = path.read_bytes()
-        return files
+        for directory, dirnames, filenames in os.walk(task.repo):
+            dirnames[:] = sorted(name for name in dirnames if name not in _SKIPPED_DIRS)
+            for name in sorted(filenames):
+                path = Path(directory) / name
+                if path.suffix != ".pyc":
+                    files[path.relative_to(task.repo).as_posix()] = path.read_bytes()
+        return dict(sorted(files.items()))
     return {path: content.encode() for path, content in task.repo.items()}
 
 
@@ -96,10 +147,19 @@ def task_from_dict(row: Mapping[str, Any], *, where: str = "<dict>", base_dir: P
         raise TaskFormatError(f"{where}: one of 'test_patch' or 'hidden_tests' is required")
     if row.get("base_commit") is not None:
         kwargs["base_commit"] = _require_str(row, "base_commit", where)
-    if "timeout_s" in row:
-        if not isinstance(row["timeout_s"], int | float) or row["timeout_s"] <= 0:
-            raise TaskFormatError(f"{where}: field 'timeout_s' must be a positive number")
-        kwargs["timeout_s"] = float(row["timeout_s"])
+    for name in ("timeout_s", "reference_s"):
+        if row.get(name) is not None:
+            kwargs[name] = _positive_seconds(row[name], name, where)
+    if "test_command" in kwargs:
+        try:
+            parse_test_command(kwargs["test_command"])
+        except ValueError as exc:
+            raise TaskFormatError(f"{where}: field 'test_command': {exc}") from exc
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        for node in kwargs[key.lower()]:
+            _check_relative(node.split("::", 1)[0], key, where)
+    for path in (*kwargs["hidden_tests"], *kwargs["test_files"]):
+        _check_relative(path, "hidden_tests" if path in kwargs["hidden_tests"] else "test_files", where)
     metadata = row.get("metadata", {})
     if not isinstance(metadata, Mapping):
         raise TaskFormatError(f"{where}: field 'metadata' must be an object")
@@ -111,13 +171,19 @@ def task_to_dict(task: SWETask, *, base_dir: Path | None = None) -> dict[str, An
     """The JSON object of ``task``; a repo directory is written relative to ``base_dir`` when given."""
     repo: str | dict[str, str] | None
     if isinstance(task.repo, Path):
-        repo = Path(_relpath(task.repo, base_dir)).as_posix()
+        relative = Path(_relpath(task.repo, base_dir)).as_posix()
+        # A loader refuses '..' and absolute repo paths (they could copy any host directory into a sandbox), so a
+        # directory outside the file's own is written inline.
+        outside = relative.startswith(("/", "../")) or relative == ".."
+        repo = {path: content.decode() for path, content in repo_files(task).items()} if outside else relative
     else:
         repo = dict(task.repo) if task.repo is not None else None
     row: dict[str, Any] = {"id": task.id, "repo": repo}
     row.update({name: getattr(task, name) for name in _STR_FIELDS})
     row.update({key: list(getattr(task, name)) for name, key in _LIST_FIELDS.items()})
     row.update(hidden_tests=dict(task.hidden_tests), base_commit=task.base_commit, timeout_s=task.timeout_s)
+    if task.reference_s is not None:
+        row["reference_s"] = task.reference_s
     row["metadata"] = dict(task.metadata)
     return row
 
@@ -233,6 +299,22 @@ def _str_mapping(value: Any, key: str, where: str) -> dict[str, str]:
     return dict(value)
 
 
+def _positive_seconds(value: Any, key: str, where: str) -> float:
+    # json.loads accepts Infinity and NaN: a limit of either would never end a hung test run.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise TaskFormatError(f"{where}: field {key!r} must be a finite positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _check_relative(path: str, key: str, where: str) -> None:
+    """Paths inside the repository only: no absolute path, no ``..``, nothing inside ``.git``."""
+    parts = PurePosixPath(path).parts
+    if not path or path.startswith(("/", "~")) or ".." in parts or ".git" in parts or "\0" in path:
+        raise TaskFormatError(
+            f"{where}: field {key!r}: {path!r} must be a relative path inside the repository (no '/', '..' or .git)"
+        )
+
+
 def _maybe_json(value: Any, key: str, where: str) -> Any:
     # SWE-bench stores the test lists as JSON-encoded strings.
     return _parse_json(value, f"{where}: field {key!r}") if isinstance(value, str) else value
@@ -242,9 +324,31 @@ def _repo_field(value: Any, where: str, base_dir: Path | None) -> Path | dict[st
     if value is None:
         return None
     if isinstance(value, str):
-        path = Path(value)
-        return path if path.is_absolute() or base_dir is None else base_dir / path
-    return _str_mapping(value, "repo", where)
+        _check_relative(value, "repo", where)
+        path = Path(value) if base_dir is None else base_dir / value
+        if path.is_dir():
+            _check_no_escaping_links(path, where)
+        return path
+    files = _str_mapping(value, "repo", where)
+    for name in files:
+        _check_relative(name, "repo", where)
+    return files
+
+
+def _check_no_escaping_links(root: Path, where: str) -> None:
+    """A repository directory may hold symbolic links only to files inside it: nothing of the host gets copied."""
+    top = root.resolve()
+    for directory, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            path = Path(directory) / name
+            if not path.is_symlink():
+                continue
+            target = path.resolve()
+            if not target.is_relative_to(top) or target.is_dir():
+                raise TaskFormatError(
+                    f"{where}: field 'repo': {path} is a symbolic link to {target}, outside the repository or a"
+                    " directory; replace it with the file itself"
+                )
 
 
 def _relpath(path: Path, base_dir: Path | None) -> str:

@@ -1,17 +1,24 @@
 """SWE-bench-style grading of a model patch, in a fresh sandbox the agent never touched.
 
-Steps (the contract of :func:`grade`):
+Steps (the contract of :func:`grade` and :class:`Grader`):
 
-1. start a fresh sandbox from the task's image and write the repository snapshot as a single-commit git repo
-   (:func:`prepare_workspace`), or use the repository the image holds;
-2. apply the model's diff with ``git apply``, falling back to ``patch -p1 --fuzz=5``; a diff that applies neither
-   way leaves the task unresolved with ``status="patch_failed"``;
-3. undo what the diff did to tests and test configuration: every changed or added ``conftest.py``, pytest/tox/setup
-   config, ``sitecustomize.py``/``*.pth`` and test file is restored to the task's version (or deleted when new),
-   the task's ``test_files`` and the files the hidden tests touch are restored too, and bytecode caches are removed;
-4. apply the hidden tests and run the test command (``-p no:cacheprovider``) under an in-sandbox timeout;
-5. parse the ``-rA`` summary; resolved iff every FAIL_TO_PASS test passed (PASSED/XFAIL) and every PASS_TO_PASS
-   test passed or was skipped. A test missing from the log counts as failed.
+1. check the diff against the patch policy (:mod:`.policy`): a diff that may not apply is ``patch_rejected``;
+2. start a fresh sandbox from the task's image and write the repository as a single-commit git repo (or use the
+   repository the image holds);
+3. apply the diff from a file outside the repository with ``git apply``, falling back to ``patch -u --fuzz=5``;
+   a diff that applies neither way is ``patch_failed``;
+4. put back what the diff did to tests and test configuration (:func:`.policy.is_protected`), then the hidden
+   tests: the task's ``test_files``, the files of ``test_patch`` and ``hidden_tests``;
+5. run the hidden tests through the harness (:mod:`.harness`): an interpreter in isolated mode, a pytest the
+   repository cannot shadow or extend (plugin autoload off, only the declared plugins, explicit rootdir and the
+   task's own config), results on the harness's own signed channel, the log to a file with a cap;
+6. resolved iff every FAIL_TO_PASS test passed (PASSED/XFAIL) and every PASS_TO_PASS test passed or was
+   skipped; a test missing from the report counts as failed. A run whose report was forged or whose tripwire
+   fired is ``tampered``.
+
+A run that hits its time limit is retried once, alone (no other grading of the same :class:`Grader` runs
+meanwhile), with a limit derived from the task's reference time: a run that timed out because the machine was
+busy is not a reward of 0. If the retry times out too, the patch is at fault: ``timeout``, unresolved.
 
 Sandbox infrastructure failures (:class:`~skyrl_agent.sandbox.base.SandboxError`) propagate: they say nothing
 about the patch and the caller decides whether to retry.
@@ -19,190 +26,347 @@ about the patch and the caller decides whether to retry.
 
 from __future__ import annotations
 
-import re
+import asyncio
+import hashlib
+import json
+import os
+import secrets
 import shlex
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxBackend, SandboxSpec
-from skyrl_agent.tasks.format import SWETask, repo_files
-from skyrl_agent.tasks.pytest_log import parse_pytest_log
+from skyrl_agent.tasks.format import SWETask, parse_test_command, repo_files
+from skyrl_agent.tasks.policy import patch_paths, protected, violations
+from skyrl_agent.tasks.workspace import GIT, WorkspaceError, prepare_workspace, write_repo
 
 SandboxFactory = Callable[[SandboxSpec], Awaitable[Sandbox]]
 PASSING = frozenset({"PASSED", "XFAIL"})
-# Files that configure or hook into pytest (or the interpreter) and therefore decide what "passed" means.
-PROTECTED_NAMES = frozenset(
-    {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py", "usercustomize.py"}
-)
-_GIT = "git -c user.name=skyrl -c user.email=skyrl@localhost -c commit.gpgsign=false -c core.hooksPath=/dev/null"
-_START, _END = ">>>>> Start Test Output", ">>>>> End Test Output"
+LOG_CAP = 8 << 20  # bytes of test log kept in the sandbox (plus its last 64 KiB); more is reported
+RETRY_FACTOR = 3.0  # a retried run's limit: this many times the task's reference time (at least its timeout_s)
+RETRY_MARGIN_S = 10.0
+_HARNESS = (Path(__file__).parent / "harness.py").read_bytes()
 _LOG_TAIL = 4000  # characters of the test log kept on the result
+# pytest reports more than one status for a test that passes and errors in teardown: the worst one wins.
+_RANK = {"ERROR": 5, "FAILED": 4, "XPASS": 3, "SKIPPED": 2, "XFAIL": 1, "PASSED": 0}
+_CONFIG_PROBE = """
+for f in pytest.ini .pytest.ini pytest.toml .pytest.toml; do
+  {git} cat-file -e {ref}:"$f" 2>/dev/null && {{ echo "$f"; exit 0; }}
+done
+{git} show {ref}:pyproject.toml 2>/dev/null | grep -q '^\\[tool\\.pytest' && {{ echo pyproject.toml; exit 0; }}
+{git} show {ref}:tox.ini 2>/dev/null | grep -q '^\\[pytest\\]' && {{ echo tox.ini; exit 0; }}
+{git} show {ref}:setup.cfg 2>/dev/null | grep -q '^\\[tool:pytest\\]' && {{ echo setup.cfg; exit 0; }}
+exit 0
+"""
+
+__all__ = ["GradeResult", "Grader", "default_concurrency", "grade", "prepare_workspace", "test_targets"]
 
 
 @dataclass(frozen=True)
 class GradeResult:
     """The verdict on one patch.
 
-    ``status`` is ``resolved``, ``unresolved``, ``patch_failed`` (the model diff did not apply), ``timeout`` (the
-    hidden tests ran past the task's limit) or ``error`` (the task itself is broken: its hidden tests do not apply).
+    ``status`` is ``resolved``, ``unresolved``, ``patch_rejected`` (the patch policy forbids the diff),
+    ``patch_failed`` (the diff did not apply), ``timeout`` (the hidden tests ran past the limit twice),
+    ``tampered`` (the test run's report was forged or its tripwire fired) or ``error`` (the task itself is
+    broken: its hidden tests do not apply, or the harness could not run).
     """
 
     task_id: str
     resolved: bool
     status: str
-    tests: Mapping[str, str] = field(default_factory=dict)  # node id → pytest status, as parsed
+    tests: Mapping[str, str] = field(default_factory=dict)  # node id → pytest status, from the harness report
     fail_to_pass: Mapping[str, bool] = field(default_factory=dict)
     pass_to_pass: Mapping[str, bool] = field(default_factory=dict)
     log: str = ""  # the tail of the test output (or of the failed apply)
     error: str | None = None
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # the whole grading: sandbox, patch, tests
+    test_s: float = 0.0  # the hidden-test run alone (what a task's reference time measures)
+    attempts: int = 1  # 2 when the first run timed out and was retried alone
+    log_truncated: bool = False  # the test log passed LOG_CAP (the report is not affected)
+    tests_run: int = 0  # tests pytest collected
+
+
+def default_concurrency(spec: SandboxSpec | None = None) -> int:
+    """Gradings at once that this machine can run without slowing each other: its cores ÷ a sandbox's CPUs."""
+    cpus = (spec or SandboxSpec()).cpus
+    return max(1, int((os.cpu_count() or 1) // max(cpus, 1.0)))
+
+
+def retry_limit(task: SWETask) -> float:
+    """The limit of a retried run: ``RETRY_FACTOR`` × the reference time plus a margin, at least ``timeout_s``."""
+    if task.reference_s is None:
+        return task.timeout_s
+    return max(task.timeout_s, RETRY_FACTOR * task.reference_s + RETRY_MARGIN_S)
+
+
+class Grader:
+    """Grades patches in fresh sandboxes from ``sandboxes``, at most ``concurrency`` at once.
+
+    Args:
+        sandboxes: a backend, or a coroutine function making a sandbox from a spec.
+        concurrency: gradings at once (default: :func:`default_concurrency`).
+        spec: the base of every grading sandbox's spec (the task sets image and workdir).
+        log_cap: bytes of test log kept in the sandbox.
+    """
+
+    def __init__(
+        self,
+        sandboxes: SandboxBackend | SandboxFactory,
+        *,
+        concurrency: int | None = None,
+        spec: SandboxSpec | None = None,
+        log_cap: int = LOG_CAP,
+    ) -> None:
+        self._create = sandboxes.create if isinstance(sandboxes, SandboxBackend) else sandboxes
+        self.spec = spec or SandboxSpec()
+        self.concurrency = concurrency or default_concurrency(self.spec)
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        self.log_cap = log_cap
+        self._gate = _Gate(self.concurrency)
+
+    async def grade(self, task: SWETask, model_patch: str, *, spec: SandboxSpec | None = None) -> GradeResult:
+        """Grade ``model_patch`` against ``task``; a timed-out run is retried once, alone (module docstring)."""
+        start = time.monotonic()
+        rejected = violations(model_patch)
+        if rejected:
+            error = "the patch policy forbids this diff: " + "; ".join(rejected)
+            return GradeResult(task.id, False, "patch_rejected", error=error)
+        async with self._gate.shared():
+            result = await self._attempt(task, model_patch, task.timeout_s, spec)
+        if result.status == "timeout":
+            async with self._gate.alone():
+                result = replace(await self._attempt(task, model_patch, retry_limit(task), spec), attempts=2)
+        return replace(result, duration_s=time.monotonic() - start)
+
+    async def _attempt(self, task: SWETask, patch: str, limit: float, spec: SandboxSpec | None) -> GradeResult:
+        sandbox = await self._create(replace(spec or self.spec, image=task.base_image, workdir=task.workdir))
+        try:
+            return await _Run(task, sandbox, limit, self.log_cap).grade(patch)
+        finally:
+            await sandbox.close()
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, Grader] = weakref.WeakKeyDictionary()
 
 
 async def grade(
     task: SWETask, model_patch: str, sandboxes: SandboxBackend | SandboxFactory, *, spec: SandboxSpec | None = None
 ) -> GradeResult:
-    """Grade ``model_patch`` against ``task`` in a fresh sandbox from ``sandboxes`` (closed before returning)."""
-    start = time.monotonic()
-    spec = replace(spec or SandboxSpec(), image=task.base_image, workdir=task.workdir)
-    create = sandboxes.create if isinstance(sandboxes, SandboxBackend) else sandboxes
-    sandbox = await create(spec)
-    try:
-        result = await _grade_in(task, model_patch, sandbox)
-    finally:
-        await sandbox.close()
-    return replace(result, duration_s=time.monotonic() - start)
+    """Grade ``model_patch`` against ``task`` in a fresh sandbox from ``sandboxes`` (closed before returning).
 
-
-async def prepare_workspace(task: SWETask, sandbox: Sandbox) -> None:
-    """Write the task's repository into ``task.workdir`` as a fresh git repo with one commit and no hidden tests.
-
-    The single commit carries no history, tags or remote, so nothing in the repository reveals the fix. A task
-    whose ``repo`` is ``None`` relies on its image and is left as the image has it.
+    Calls with the same ``sandboxes`` object share one :class:`Grader`, so its concurrency limit holds for them
+    all.
     """
-    files = repo_files(task)
-    if not files:
-        return
-    for path, content in files.items():
-        await sandbox.write_file(f"{task.workdir}/{path}", content)
-    result = await _run(sandbox, task, f"git init -q && {_GIT} add -A && {_GIT} commit -q -m 'Initial commit'")
-    if result.exit_code != 0:
-        raise RuntimeError(f"task {task.id}: could not create the workspace git repo: {result.output[-500:]}")
+    grader = _SHARED.get(sandboxes)
+    if grader is None:
+        grader = _SHARED[sandboxes] = Grader(sandboxes)
+    return await grader.grade(task, model_patch, spec=spec)
 
 
 def test_targets(task: SWETask) -> list[str]:
-    """The test files to pass to the test command: the files of every FAIL_TO_PASS and PASS_TO_PASS node id."""
+    """The test files to pass to pytest: the files of every FAIL_TO_PASS and PASS_TO_PASS node id."""
     files = dict.fromkeys(node.split("::", 1)[0] for node in (*task.fail_to_pass, *task.pass_to_pass))
     return list(files)
 
 
-def patch_paths(patch: str) -> list[str]:
-    """Every path a unified diff touches (old and new names, ``a/``/``b/`` prefixes removed)."""
-    paths: dict[str, None] = {}
-    for match in re.finditer(r"^(?:---|\+\+\+) (\S+)", patch, flags=re.MULTILINE):
-        name = match.group(1)
-        if name != "/dev/null":
-            paths[name.split("/", 1)[1] if name.startswith(("a/", "b/")) else name] = None
-    return list(paths)
+class _Run:
+    """One grading attempt in one sandbox."""
+
+    def __init__(self, task: SWETask, sandbox: Sandbox, limit: float, log_cap: int) -> None:
+        self.task, self.sandbox, self.limit, self.log_cap = task, sandbox, limit, log_cap
+        self.token = secrets.token_hex(16)
+        # Outside the repository, where the patch cannot reach. Commands name it "$d": a sandbox may keep its
+        # /tmp elsewhere for the host (the process backend's TMPDIR); files are written to its sandbox path.
+        self.name = f"skyrl-grader-{self.token[:12]}"
+        self.dir = f"/tmp/{self.name}"
+        self.ref = shlex.quote(task.base_commit or "HEAD")
+
+    async def grade(self, patch: str) -> GradeResult:
+        task = self.task
+        files = repo_files(task)
+        if files:
+            await write_repo(task, self.sandbox, files)
+        if patch.strip():
+            applied = await self._apply(patch, "model.diff", fallback=True)
+            if applied.exit_code != 0:
+                return GradeResult(
+                    task.id, False, "patch_failed", log=applied.output[-_LOG_TAIL:], error="patch failed"
+                )
+        await self._restore(protected(await self._changed_paths(), task))
+        await self._restore([*patch_paths(task.test_patch), *task.hidden_tests, *task.test_files])
+        if task.test_patch:
+            applied = await self._apply(task.test_patch, "tests.diff", fallback=False)
+            if applied.exit_code != 0:
+                return GradeResult(task.id, False, "error", log=applied.output[-_LOG_TAIL:], error="test patch failed")
+        for path, content in task.hidden_tests.items():
+            await self.sandbox.write_file(f"{task.workdir}/{path}", content)
+        return await self._run_tests()
+
+    async def _apply(self, patch: str, name: str, *, fallback: bool) -> CommandResult:
+        await self.sandbox.write_file(f"{self.dir}/{name}", patch if patch.endswith("\n") else patch + "\n")
+        path = f'"$d/{name}"'
+        command = f"{GIT} apply --whitespace=nowarn {path}"
+        if fallback:  # -u: only a unified diff; patch would otherwise also take context and ed-style diffs
+            command += f" || patch --batch -u --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {path}"
+        return await self._sh(f"({command}) 2>&1")
+
+    async def _changed_paths(self) -> list[str]:
+        # `ls-files --others` without --exclude-standard also lists ignored files: a planted .gitignore hides nothing.
+        result = await self._sh(f"{GIT} diff --name-only --no-renames -z {self.ref} && {GIT} ls-files --others -z")
+        if result.exit_code != 0 or result.truncated:
+            raise WorkspaceError(f"task {self.task.id}: could not list the files the patch changed: {result.output}")
+        return [path for path in result.output.split("\0") if path]
+
+    async def _restore(self, paths: Iterable[str]) -> None:
+        """Put ``paths`` back as they are at the base commit: check out the tracked ones, delete the others."""
+        paths = list(dict.fromkeys(path for path in paths if path))
+        if not paths:
+            return
+        quoted = " ".join(shlex.quote(path) for path in paths)
+        command = (
+            f"for p in {quoted}; do "
+            f'if {GIT} cat-file -e {self.ref}:"$p" 2>/dev/null; then {GIT} checkout -q {self.ref} -- "$p"; '
+            'else rm -rf -- "$p"; fi || exit 1; done'
+        )
+        result = await self._sh(command)
+        if result.exit_code != 0:
+            raise WorkspaceError(f"task {self.task.id}: could not restore test files: {result.output[-500:]}")
+
+    async def _config(self) -> str:
+        """The task's pytest config file at the base commit (restored in the tree), or an empty one of ours."""
+        probe = _CONFIG_PROBE.format(git=GIT, ref=self.ref)
+        found = (await self._sh(probe)).output.strip().splitlines()
+        if found:
+            return shlex.quote(found[-1])  # relative: pytest resolves it in the working directory
+        await self.sandbox.write_file(f"{self.dir}/pytest.ini", "[pytest]\n")
+        return '"$d/pytest.ini"'
+
+    async def _run_tests(self) -> GradeResult:
+        task, command = self.task, parse_test_command(self.task.test_command)
+        guard = [*test_targets(task), *task.hidden_tests, *patch_paths(task.test_patch)]
+        await self.sandbox.write_file(f"{self.dir}/harness.py", _HARNESS)
+        await self.sandbox.write_file(f"{self.dir}/guard", "".join(f"{path}\n" for path in dict.fromkeys(guard)))
+        await self.sandbox.write_file(f"{self.dir}/token", self.token)
+        config = await self._config()
+        supervisor = f'{shlex.quote(command.python)} -I "$d/harness.py" run --dir "$d"'
+        options = shlex.join(["--log-cap", str(self.log_cap), "--timeout", f"{self.limit:g}", "--", "child"])
+        child = f'--workdir "$PWD" --config {config} --plugins {shlex.quote(",".join(command.plugins))}'
+        pytest_args = shlex.join(["--", *command.args, *test_targets(task)])
+        clean = "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; rm -rf .pytest_cache ; "
+        run = f'{clean}{supervisor} {options} {child} --guard "$d/guard" {pytest_args}'
+        result = await self._sh(run, timeout_s=self.limit + 60)
+        summary = _summary(result.output, self.token)
+        if summary is None:
+            error = "the grading harness did not report" + (" (the sandbox command timed out)" * result.timed_out)
+            return GradeResult(task.id, False, "error", log=result.output[-_LOG_TAIL:], error=error)
+        return self._verdict(summary, await self._read(f"{self.dir}/report.jsonl"), await self._log())
+
+    def _verdict(self, summary: Mapping[str, Any], report: bytes, log: str) -> GradeResult:
+        task = self.task
+        tests, finish = _parse_report(report)
+        f2p = {node: tests.get(node) in PASSING for node in task.fail_to_pass}
+        p2p = {node: tests.get(node) in PASSING or tests.get(node) == "SKIPPED" for node in task.pass_to_pass}
+        problems = list(finish.get("tampered", [])) if finish else []
+        if hashlib.sha256(report).hexdigest() != summary.get("report_sha256"):
+            problems.append("the report file changed after the harness wrote it")
+        if summary.get("forged"):
+            problems.append(f"{summary['forged']} unsigned lines arrived on the report channel")
+        resolved = all(f2p.values()) and all(p2p.values()) and finish is not None and not problems
+        status, error = "resolved" if resolved else "unresolved", None
+        if problems:
+            status, error = "tampered", "; ".join(problems)
+        elif summary.get("timed_out"):
+            status, error = ("timeout", f"the tests ran past {self.limit:g} s") if not resolved else (status, None)
+        elif finish is None:
+            error = f"the test process ended (exit {summary.get('exit_code')}) before pytest finished its session"
+        return GradeResult(
+            task.id, resolved, status, tests, f2p, p2p, log[-_LOG_TAIL:], error,
+            test_s=float(summary.get("duration_s", 0.0)), log_truncated=bool(summary.get("log_truncated")),
+            tests_run=int(finish.get("collected", 0)) if finish else 0,
+        )  # fmt: skip
+
+    async def _read(self, path: str) -> bytes:
+        try:
+            return await self.sandbox.read_file(path)
+        except FileNotFoundError:
+            return b""
+
+    async def _log(self) -> str:
+        data = await self._read(f"{self.dir}/test.log")
+        return data[-4 * _LOG_TAIL :].decode("utf-8", errors="replace")
+
+    async def _sh(self, command: str, *, timeout_s: float = 120.0) -> CommandResult:
+        prefix = f'd="${{TMPDIR:-/tmp}}/{self.name}"; '
+        return await self.sandbox.run(prefix + command, timeout_s=timeout_s, workdir=self.task.workdir)
 
 
-def is_protected(path: str, task: SWETask) -> bool:
-    """Whether a model may not change ``path``: tests, pytest/interpreter configuration, or a task test file."""
-    name = path.rsplit("/", 1)[-1]
-    parts = path.split("/")
-    return (
-        name in PROTECTED_NAMES
-        or name.endswith(".pth")
-        or name.startswith("test_")
-        or name.endswith("_test.py")
-        or "tests" in parts[:-1]
-        or "test" in parts[:-1]
-        or path in task.test_files
-        or path in task.hidden_tests
-    )
+def _summary(output: str, token: str) -> dict[str, Any] | None:
+    """The harness's last line, if it carries this run's token (a forged line cannot know it)."""
+    for line in reversed(output.strip().splitlines()):
+        try:
+            summary = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(summary, dict) and summary.get("token") == token:
+            return summary
+    return None
 
 
-async def _grade_in(task: SWETask, model_patch: str, sandbox: Sandbox) -> GradeResult:
-    await prepare_workspace(task, sandbox)
-    ref = task.base_commit or "HEAD"
-    if model_patch.strip():
-        applied = await _apply(sandbox, task, model_patch, "model.diff", fallback=True)
-        if applied.exit_code != 0:
-            return GradeResult(task.id, False, "patch_failed", log=applied.output[-_LOG_TAIL:], error="patch failed")
-    await _restore(sandbox, task, ref, await _changed_paths(sandbox, task, ref))
-    hidden = [*patch_paths(task.test_patch), *task.hidden_tests, *task.test_files]
-    await _restore(sandbox, task, ref, hidden, force=True)
-    if task.test_patch:
-        applied = await _apply(sandbox, task, task.test_patch, "tests.diff", fallback=False)
-        if applied.exit_code != 0:
-            return GradeResult(task.id, False, "error", log=applied.output[-_LOG_TAIL:], error="test patch failed")
-    for path, content in task.hidden_tests.items():
-        await sandbox.write_file(f"{task.workdir}/{path}", content)
-    return await _run_tests(sandbox, task)
+def _parse_report(report: bytes) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """Node id → worst status, and the session's final record (None when the session did not finish)."""
+    tests: dict[str, str] = {}
+    finish: dict[str, Any] | None = None
+    for line in report.splitlines():
+        record = json.loads(line)
+        if record.get("t") == "finish":
+            finish = record
+        elif record.get("t") == "test" and record.get("s") in _RANK:
+            node, status = str(record["id"]), str(record["s"])
+            if _RANK[status] >= _RANK.get(tests.get(node, ""), -1):
+                tests[node] = status
+    return tests, finish
 
 
-async def _run_tests(sandbox: Sandbox, task: SWETask) -> GradeResult:
-    limit = max(1, round(task.timeout_s))
-    targets = " ".join(shlex.quote(target) for target in test_targets(task))
-    command = (
-        "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; rm -rf .pytest_cache ; "
-        f"echo '{_START}'; PYTHONDONTWRITEBYTECODE=1 timeout -k 5 {limit} {task.test_command} {targets}; "
-        f"code=$?; echo '{_END}'; exit $code"
-    )
-    result = await _run(sandbox, task, command, timeout_s=limit + 30)
-    log = _between_markers(result.output)
-    tests = parse_pytest_log(log)
-    f2p = {node: tests.get(node) in PASSING for node in task.fail_to_pass}
-    p2p = {node: tests.get(node) in PASSING or tests.get(node) == "SKIPPED" for node in task.pass_to_pass}
-    resolved = all(f2p.values()) and all(p2p.values())
-    timed_out = result.timed_out or result.exit_code in (124, 137)
-    status = "resolved" if resolved else "timeout" if timed_out else "unresolved"
-    error = f"the tests ran past {limit} s" if timed_out and not resolved else None
-    return GradeResult(task.id, resolved, status, tests, f2p, p2p, log[-_LOG_TAIL:], error)
+class _Gate:
+    """``shared`` holders up to a limit, or one ``alone`` holder with nobody else; a waiting ``alone`` goes first."""
 
+    def __init__(self, limit: int) -> None:
+        self._limit, self._holders, self._alone_waiting, self._alone = limit, 0, 0, False
+        self._changed = asyncio.Condition()
 
-async def _apply(sandbox: Sandbox, task: SWETask, patch: str, name: str, *, fallback: bool) -> CommandResult:
-    # The diff goes inside .git: outside the work tree, so it can neither be committed nor collected as a test.
-    path = f".git/skyrl-{name}"
-    await sandbox.write_file(f"{task.workdir}/{path}", patch if patch.endswith("\n") else patch + "\n")
-    command = f"git apply --whitespace=nowarn {path}"
-    if fallback:
-        command += f" || patch --batch --fuzz=5 -p1 -i {path}"
-    return await _run(sandbox, task, f"({command}) 2>&1; code=$?; rm -f {path}; exit $code")
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: not self._alone and not self._alone_waiting and self._holders < self._limit
+            )
+            self._holders += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._holders -= 1
+                self._changed.notify_all()
 
-
-async def _changed_paths(sandbox: Sandbox, task: SWETask, ref: str) -> list[str]:
-    # `ls-files --others` without --exclude-standard also lists ignored files: a planted .gitignore hides nothing.
-    command = f"git diff --name-only --no-renames -z {ref} && git ls-files --others -z"
-    result = await _run(sandbox, task, command)
-    if result.exit_code != 0:
-        raise RuntimeError(f"task {task.id}: could not list the files the patch changed: {result.output[-500:]}")
-    return [path for path in dict.fromkeys(result.output.split("\0")) if path and is_protected(path, task)]
-
-
-async def _restore(sandbox: Sandbox, task: SWETask, ref: str, paths: Iterable[str], *, force: bool = False) -> None:
-    """Put ``paths`` back as they are at ``ref``: check out the tracked ones, delete the others."""
-    paths = [path for path in dict.fromkeys(paths) if force or is_protected(path, task)]
-    if not paths:
-        return
-    quoted = " ".join(shlex.quote(path) for path in paths)
-    command = (
-        f"for p in {quoted}; do "
-        f'if git cat-file -e {ref}:"$p" 2>/dev/null; then git checkout -q {ref} -- "$p"; else rm -rf -- "$p"; fi; '
-        "done"
-    )
-    result = await _run(sandbox, task, command)
-    if result.exit_code != 0:
-        raise RuntimeError(f"task {task.id}: could not restore test files: {result.output[-500:]}")
-
-
-async def _run(sandbox: Sandbox, task: SWETask, command: str, *, timeout_s: float = 60.0) -> CommandResult:
-    return await sandbox.run(command, timeout_s=timeout_s, workdir=task.workdir)
-
-
-def _between_markers(output: str) -> str:
-    start = output.find(_START)  # our echo runs before any code under test can print a forged marker
-    end = output.rfind(_END)
-    if start == -1:
-        return output
-    return output[start + len(_START) : end if end > start else None]
+    @asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        async with self._changed:
+            self._alone_waiting += 1
+            try:
+                await self._changed.wait_for(lambda: not self._alone and self._holders == 0)
+            finally:
+                self._alone_waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._alone = False
+                self._changed.notify_all()

@@ -32,6 +32,7 @@ class ProcessSandbox:
         self.root = Path(tempfile.mkdtemp(prefix="skyrl-sbx-"))
         self._closed = False
         self.host_path(spec.workdir).mkdir(parents=True, exist_ok=True)
+        self.host_path("/tmp").mkdir(exist_ok=True)
 
     def host_path(self, path: str) -> Path:
         """Where the sandbox path ``path`` (absolute, or relative to the workdir) lives on the host."""
@@ -43,7 +44,9 @@ class ProcessSandbox:
         self._check_open()
         start = time.monotonic()
         # The interpreter running us goes first on PATH so that `python3` has the same packages (pytest).
-        env = {**os.environ, **self.spec.env, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        # TMPDIR: the sandbox's /tmp, so that "${TMPDIR:-/tmp}" in a command names what write_file("/tmp/…") wrote.
+        path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        env = {**os.environ, **self.spec.env, "PATH": path, "TMPDIR": str(self.host_path("/tmp"))}
         proc = await asyncio.create_subprocess_exec(
             "bash", "-c", command, cwd=self.host_path(workdir or self.spec.workdir), env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,

@@ -11,11 +11,12 @@ import importlib
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from skyrl_agent.sandbox.base import SandboxBackend
 from skyrl_agent.tasks.format import SWETask, repo_files
-from skyrl_agent.tasks.grading import GradeResult, SandboxFactory, grade, is_protected, patch_paths, test_targets
+from skyrl_agent.tasks.grading import GradeResult, SandboxFactory, grade, test_targets
+from skyrl_agent.tasks.policy import is_protected, patch_paths, violations
 
 _HUNK = re.compile(r"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@", re.MULTILINE)
 
@@ -44,6 +45,7 @@ def static_problems(task: SWETask) -> list[str]:
             problems.append(f"{name} is not a unified diff (no ---/+++ headers or @@ hunks)")
     if not task.gold_patch:
         problems.append("gold_patch is empty")
+    problems += [f"gold_patch breaks the patch policy: {reason}" for reason in violations(task.gold_patch)]
     touched_tests = [path for path in patch_paths(task.gold_patch) if is_protected(path, task)]
     if touched_tests:
         problems.append(f"gold_patch touches test or config files: {', '.join(touched_tests)}")
@@ -100,16 +102,27 @@ async def validate_tasks(
 
 
 def format_table(reports: Sequence[ValidationReport]) -> str:
-    """A plain-text table: one row per task with its verdict, the time the gold grading took and the problems."""
+    """A plain-text table: per task its verdict, tests run, the gold grading's test-run and total seconds, problems."""
     width = max([len("task"), *(len(report.task_id) for report in reports)])
-    rows = [f"{'task':<{width}}  {'result':<7}  {'gold s':>6}  problems"]
+    rows = [f"{'task':<{width}}  {'result':<7}  {'tests':>5}  {'tests s':>7}  {'grade s':>7}  problems"]
     for report in reports:
-        seconds = f"{report.gold.duration_s:6.2f}" if report.gold else "     -"
+        gold = report.gold
+        numbers = (
+            f"{gold.tests_run:5d}  {gold.test_s:7.2f}  {gold.duration_s:7.2f}"
+            if gold
+            else f"{'-':>5}  {'-':>7}  {'-':>7}"
+        )
         verdict = "ok" if report.ok else "INVALID"
-        rows.append(f"{report.task_id:<{width}}  {verdict:<7}  {seconds}  {'; '.join(report.problems)}")
+        rows.append(f"{report.task_id:<{width}}  {verdict:<7}  {numbers}  {'; '.join(report.problems)}")
     valid = sum(report.ok for report in reports)
     rows.append(f"{valid}/{len(reports)} tasks valid")
     return "\n".join(rows)
+
+
+def with_reference_times(tasks: Sequence[SWETask], reports: Sequence[ValidationReport]) -> list[SWETask]:
+    """``tasks`` with ``reference_s`` set to the gold grading's test-run time of each valid task."""
+    measured = {report.task_id: report.gold.test_s for report in reports if report.ok and report.gold}
+    return [replace(task, reference_s=round(measured[task.id], 2)) if task.id in measured else task for task in tasks]
 
 
 def make_backend(name: str) -> SandboxBackend:

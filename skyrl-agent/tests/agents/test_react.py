@@ -18,6 +18,7 @@ from skyrl_agent.agents import (
 from skyrl_agent.agents.actions import bash_block, editor_block
 from skyrl_agent.dispatch import RunContext, Trace
 from skyrl_agent.llm.scripted import null_policy, oracle_policy
+from skyrl_agent.tasks.workspace import DIFF_PATH
 from skyrl_agent.testing import CountingEnv, FakeSandbox, ScriptedClient
 
 PROMPT = [{"role": "user", "content": "fix the bug"}]
@@ -75,13 +76,14 @@ def test_null_policy_submits_nothing() -> None:
     traj = asyncio.run(ReActAgent(null_policy(), env).run(PROMPT))
     assert traj.finish_reason == "submitted"
     assert len(traj.turns) == 1
-    assert "git diff --cached" in sandbox.commands[-1]
+    assert "git -c" in sandbox.commands[-1]
+    assert " diff --cached " in sandbox.commands[-1]
+    assert traj.submission == ""  # no diff file was written: nothing is submitted
 
 
 def test_oracle_applies_gold_patch_through_tools() -> None:
     patch = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
-    diff_cmd = "git add -A && git diff --cached"
-    sandbox = FakeSandbox(responses={diff_cmd: patch})
+    sandbox = FakeSandbox({DIFF_PATH: patch.encode()})  # where the submission's diff is written
     traj = asyncio.run(ReActAgent(oracle_policy({"gold_patch": patch}), SandboxToolEnv(sandbox)).run(PROMPT))
     assert sandbox.files["/tmp/gold.patch"] == patch.encode()
     assert "git apply /tmp/gold.patch" in sandbox.commands[0]

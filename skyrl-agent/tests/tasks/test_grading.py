@@ -5,7 +5,8 @@ from dataclasses import replace
 import pytest
 
 from skyrl_agent.sandbox.base import SandboxSpec
-from skyrl_agent.tasks import grade, load_suite, prepare_workspace
+from skyrl_agent.tasks import Grader, SWETask, grade, grading, load_suite, prepare_workspace
+from skyrl_agent.tasks.format import repo_files
 from skyrl_agent.tasks.process_backend import ProcessBackend
 
 TASK = next(task for task in load_suite() if task.id == "durations-format-exact-hour")
@@ -126,6 +127,7 @@ def test_prepare_workspace_has_one_commit_and_no_hidden_tests():
 
 
 def test_timeout_is_reported(backend):
+    # No reference time: the retry alone gets the same limit, times out again, and the patch is at fault.
     task = replace(TASK, timeout_s=1)
     patch = _edit(
         TASK,
@@ -134,4 +136,160 @@ def test_timeout_is_reported(backend):
         "    remaining = int(seconds)\n    __import__('time').sleep(30)\n",
     )
     result = asyncio.run(grade(task, patch, backend))
-    assert (result.resolved, result.status) == (False, "timeout")
+    assert (result.resolved, result.status, result.attempts) == (False, "timeout", 2)
+
+
+SLOW_FIRST_RUN = """import os
+import time
+
+
+def test_machine_load():
+    # Stands for a machine busy with other work: only the first run is slow, whatever the patch.
+    if not os.path.exists({mark!r}):
+        open({mark!r}, "w").close()
+        time.sleep(60)
+"""
+
+
+def _load_sensitive(tmp_path, **overrides):
+    """TASK plus a hidden test that runs past any limit on its first run only (process backend: host paths)."""
+    hidden = {**TASK.hidden_tests, "tests/test_zz_load.py": SLOW_FIRST_RUN.format(mark=str(tmp_path / "ran"))}
+    p2p = (*TASK.pass_to_pass, "tests/test_zz_load.py::test_machine_load")
+    return replace(TASK, hidden_tests=hidden, pass_to_pass=p2p, **overrides)
+
+
+def test_a_run_timed_out_by_load_is_retried_alone_and_counts(backend, tmp_path):
+    task = _load_sensitive(tmp_path, timeout_s=2, reference_s=0.5)
+    result = asyncio.run(Grader(backend).grade(task, TASK.gold_patch))
+    assert (result.resolved, result.status, result.attempts) == (True, "resolved", 2), result.error
+
+
+def test_a_patch_that_hangs_the_tests_scores_zero_after_the_retry(backend, monkeypatch):
+    monkeypatch.setattr(grading, "RETRY_MARGIN_S", 0.5)
+    task = replace(TASK, timeout_s=1, reference_s=0.2)  # the retry's limit: max(1, 3 × 0.2 + 0.5) = 1.1 s
+    hang = _edit(TASK, "durations/format.py", "    remaining = int(seconds)\n", "    while True:\n        pass\n")
+    result = asyncio.run(Grader(backend).grade(task, TASK.gold_patch + hang))
+    assert (result.resolved, result.status, result.attempts) == (False, "timeout", 2)
+    assert result.error == "the tests ran past 1.1 s"
+
+
+def test_retry_limit_comes_from_the_reference_time():
+    assert grading.retry_limit(replace(TASK, timeout_s=120, reference_s=None)) == 120
+    assert grading.retry_limit(replace(TASK, timeout_s=120, reference_s=20)) == 120
+    assert grading.retry_limit(replace(TASK, timeout_s=60, reference_s=40)) == 3 * 40 + grading.RETRY_MARGIN_S
+
+
+def test_the_retry_runs_alone():
+    gate = grading._Gate(2)
+    log = []
+
+    async def shared(name, hold):
+        async with gate.shared():
+            log.append(f"+{name}")
+            await asyncio.sleep(hold)
+            log.append(f"-{name}")
+
+    async def alone():
+        async with gate.alone():
+            log.append("+alone")
+            await asyncio.sleep(0.02)
+            log.append("-alone")
+
+    async def scenario():
+        first = [asyncio.create_task(shared(n, 0.05)) for n in ("a", "b")]
+        await asyncio.sleep(0.01)
+        retry = asyncio.create_task(alone())
+        await asyncio.sleep(0.01)
+        late = asyncio.create_task(shared("late", 0.01))  # arrives while the retry waits: goes after it
+        await asyncio.gather(*first, retry, late)
+
+    asyncio.run(scenario())
+    start, end = log.index("+alone"), log.index("-alone")
+    assert end == start + 1  # nothing started or ended while it ran
+    assert {"-a", "-b"} <= set(log[:start])
+    assert log[end + 1 :] == ["+late", "-late"]
+
+
+def test_concurrency_is_sized_to_the_machine(monkeypatch):
+    monkeypatch.setattr(grading.os, "cpu_count", lambda: 16)
+    assert grading.default_concurrency(SandboxSpec(cpus=1.0)) == 16
+    assert grading.default_concurrency(SandboxSpec(cpus=4.0)) == 4
+    monkeypatch.setattr(grading.os, "cpu_count", lambda: 2)
+    assert grading.default_concurrency(SandboxSpec(cpus=4.0)) == 1
+    with pytest.raises(ValueError, match="at least 1"):
+        Grader(ProcessBackend(), concurrency=-1)
+
+
+def _wide_task(n_tests):
+    """A task whose hidden test file has ``n_tests`` parametrised tests with long ids (a -rA summary ≫ 64 KiB)."""
+    ids = [f"case-{i:05d}-" + "x" * 60 for i in range(n_tests)]
+    hidden = (
+        "import pytest\nfrom pkg import double\n\n\n"
+        f"@pytest.mark.parametrize('name', {ids!r})\ndef test_many(name):\n    assert double(2) == 4\n\n\n"
+        "def test_fixed():\n    assert double(3) == 6\n"
+    )
+    return SWETask(
+        id="wide",
+        repo={"pkg/__init__.py": "def double(x):\n    return x * 2 if x != 3 else 5\n"},
+        problem_statement="double(3) is 5",
+        fail_to_pass=("tests/test_many.py::test_fixed",),
+        pass_to_pass=tuple(f"tests/test_many.py::test_many[{name}]" for name in ids),
+        hidden_tests={"tests/test_many.py": hidden},
+        gold_patch=_diff("pkg/__init__.py", "    return x * 2 if x != 3 else 5\n", "    return x * 2\n"),
+    )
+
+
+def _diff(path, old, new):
+    lines = difflib.unified_diff([old], [new], f"a/{path}", f"b/{path}", lineterm="\n", n=0)
+    body = "".join(lines).replace("@@ -1 +1 @@", "@@ -2 +2 @@")
+    return f"diff --git a/{path} b/{path}\n{body}"
+
+
+def test_a_summary_far_over_64_kib_is_graded_whole(backend):
+    task = _wide_task(1500)
+    gold = asyncio.run(grade(task, task.gold_patch, backend))
+    assert gold.resolved, gold.error
+    assert gold.tests_run == 1501
+    assert sum(status == "PASSED" for status in gold.tests.values()) == 1501
+    base = asyncio.run(grade(task, "", backend))
+    assert (base.status, base.tests[task.fail_to_pass[0]]) == ("unresolved", "FAILED")
+    assert all(base.pass_to_pass.values())
+
+
+def test_a_flood_of_output_is_capped_and_reported_without_changing_the_verdict(backend):
+    flood = "import os\n\n\ndef test_flood():\n    for _ in range(300):\n        os.write(1, b'y' * 65536)\n"
+    task = replace(
+        TASK,
+        hidden_tests={**TASK.hidden_tests, "tests/test_flood.py": flood},
+        pass_to_pass=(*TASK.pass_to_pass, "tests/test_flood.py::test_flood"),
+        test_command="python3 -m pytest -q -rA -s -p no:cacheprovider",  # -s: the 19 MiB reach the log
+    )
+    result = asyncio.run(Grader(backend, log_cap=1 << 20).grade(task, TASK.gold_patch))
+    assert result.resolved, result.error
+    assert result.log_truncated
+    assert "short test summary info" in result.log  # the log's tail is kept past the cap
+
+
+def test_a_task_config_at_the_base_commit_is_the_one_pytest_reads(backend):
+    # The task's own pytest.ini (strict markers) is used; the patch's edit of it is discarded.
+    ini = "[pytest]\nmarkers =\n    slowish: a marker the hidden tests use\naddopts = --strict-markers\n"
+    marked = "import pytest\n\n\n@pytest.mark.slowish\ndef test_marked():\n    pass\n"
+    task = replace(
+        TASK,
+        repo=None,
+        hidden_tests={**TASK.hidden_tests, "tests/test_marked.py": marked},
+        pass_to_pass=(*TASK.pass_to_pass, "tests/test_marked.py::test_marked"),
+    )
+    files = {**{p: c.decode() for p, c in repo_files(TASK).items()}, "pytest.ini": ini}
+    task = replace(task, repo=files)
+    loosen = _diff("pytest.ini", "addopts = --strict-markers\n", "addopts = -p no:python\n").replace(
+        "@@ -2 +2 @@", "@@ -4 +4 @@"
+    )
+    result = asyncio.run(grade(task, TASK.gold_patch + loosen, backend))
+    assert result.resolved, result.error
+    assert result.tests["tests/test_marked.py::test_marked"] == "PASSED"
+    strict = replace(
+        task, hidden_tests={**task.hidden_tests, "tests/test_marked.py": marked.replace("slowish", "nope")}
+    )
+    result = asyncio.run(grade(strict, TASK.gold_patch, backend))
+    assert not result.resolved  # --strict-markers from the task's config: an unknown marker errors
