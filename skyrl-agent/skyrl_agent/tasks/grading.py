@@ -264,7 +264,9 @@ class _Run:
         result = await self._sh(run, timeout_s=self.limit + 60)
         summary = _summary(result.output, self.token)
         if summary is None:
-            error = "the grading harness did not report" + (" (the sandbox command timed out)" * result.timed_out)
+            why = " (the sandbox command timed out)" if result.timed_out else ""
+            why = " (its output was flooded past the sandbox's cap)" if result.truncated else why
+            error = f"the grading harness did not report{why}"
             return GradeResult(task.id, False, "error", log=result.output[-_LOG_TAIL:], error=error)
         return self._verdict(summary, await self._read(f"{self.dir}/report.jsonl"), await self._log())
 

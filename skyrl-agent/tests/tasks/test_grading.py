@@ -293,3 +293,26 @@ def test_a_task_config_at_the_base_commit_is_the_one_pytest_reads(backend):
     )
     result = asyncio.run(grade(strict, TASK.gold_patch, backend))
     assert not result.resolved  # --strict-markers from the task's config: an unknown marker errors
+
+
+@pytest.mark.docker
+def test_in_docker_a_wide_summary_grades_whole_and_a_hang_times_out_twice():
+    from skyrl_agent.tasks.validate import make_backend
+
+    wide = _wide_task(1200)
+    hang = _edit(TASK, "durations/format.py", "    remaining = int(seconds)\n", "    while True:\n        pass\n")
+    hanging = replace(TASK, timeout_s=2)
+    backend = make_backend("docker")
+
+    async def scenario():
+        try:
+            return await asyncio.gather(
+                grade(wide, wide.gold_patch, backend), grade(hanging, TASK.gold_patch + hang, backend)
+            )
+        finally:
+            await backend.close()
+
+    gold, hung = asyncio.run(scenario())
+    assert gold.resolved, gold.error
+    assert gold.tests_run == 1201
+    assert (hung.resolved, hung.status, hung.attempts) == (False, "timeout", 2)
