@@ -6,8 +6,8 @@
 Per task and repeat, alternating the two subjects so slow drifts in the machine's load hit both alike:
 
 * **plain**: the repository at the fixed state (gold patch and hidden tests applied on the host) mounted into a
-  ``docker run --rm --network none`` of the task's image, running the task's test command on its test files,
-  timed end to end (container start and removal included);
+  ``docker run --rm --network none`` of the task's image, running ``python3 -m pytest`` with the grader's
+  arguments on the task's test files, timed end to end (container start and removal included);
 * **grader**: ``skyrl_agent.tasks.grade`` of the gold patch in Docker, timed end to end (a fresh sandbox, the
   repository written and committed, the patch applied, files restored, the harness run, the report read).
 
@@ -32,7 +32,7 @@ from _machine import host_info
 
 from skyrl_agent.tasks import grade, load_tasks
 from skyrl_agent.tasks.format import SWETask, parse_test_command, repo_files
-from skyrl_agent.tasks.grading import test_targets
+from skyrl_agent.tasks.grading import test_targets, without_summary
 from skyrl_agent.tasks.validate import make_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,8 @@ def _fixed_tree(task: SWETask, root: Path) -> None:
 
 def _plain(task: SWETask, root: Path) -> float:
     command = parse_test_command(task.test_command)
-    argv = [command.python, "-m", "pytest", *command.args, *test_targets(task)]
+    # The same pytest arguments the grader runs (its -r summary options included), so both do the same test work.
+    argv = [command.python, "-m", "pytest", *without_summary(command.args), *test_targets(task)]
     start = time.monotonic()
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "-v", f"{root}:/w", "-w", "/w", task.base_image, *argv],

@@ -51,13 +51,29 @@ def _reap(args: argparse.Namespace) -> int:
 def _tasks_validate(args: argparse.Namespace) -> int:
     import asyncio
 
-    from skyrl_agent.tasks import SUITE_PATH, load_tasks
-    from skyrl_agent.tasks.validate import format_table, make_backend, validate_tasks
+    from skyrl_agent.tasks import SUITE_PATH, load_tasks, save_tasks
+    from skyrl_agent.tasks.validate import format_table, make_backend, validate_tasks, with_reference_times
 
-    tasks = load_tasks(args.tasks or SUITE_PATH)
+    path = Path(args.tasks) if args.tasks else SUITE_PATH
+    tasks = load_tasks(path)
     reports = asyncio.run(validate_tasks(tasks, make_backend(args.backend), concurrency=args.jobs))
     print(format_table(reports))
+    if args.record:
+        save_tasks(with_reference_times(tasks, reports), path)
+        print(f"recorded the gold test-run times of {sum(r.ok for r in reports)} valid tasks as reference_s in {path}")
     return 0 if all(report.ok for report in reports) else 1
+
+
+def _tasks_build_real(args: argparse.Namespace) -> int:
+    from skyrl_agent.tasks.real.build import BuildError, build_suite
+
+    packages = [name.strip() for name in args.packages.split(",") if name.strip()] if args.packages else None
+    try:
+        build_suite(Path(args.out), cache_dir=Path(args.cache) if args.cache else None, packages=packages)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -103,7 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--tasks", help="a .jsonl/.json task file (default: the shipped suite)")
     validate.add_argument("--backend", choices=["docker", "local", "process"], default="docker")
     validate.add_argument("--jobs", type=int, default=4, help="tasks validated at once (default: %(default)s)")
+    validate.add_argument(
+        "--record",
+        action="store_true",
+        help="write each valid task's gold test-run time into the task file as reference_s (the limit of a retry)",
+    )
     validate.set_defaults(func=_tasks_validate)
+    build_real = tasks_commands.add_parser("build-real", help="build the suite of bugs injected into PyPI packages")
+    build_real.add_argument("--out", required=True, help="directory for tasks.jsonl and the task repositories")
+    build_real.add_argument("--cache", help="directory of downloaded sdists (default: OUT/sdists)")
+    build_real.add_argument("--packages", help="comma-separated packages to build (default: all in the recipe)")
+    build_real.set_defaults(func=_tasks_build_real)
     run = commands.add_parser("run", help="run agent episodes on tasks, grade them and save the trajectories")
     run.add_argument("--tasks", help="a .jsonl/.json task file (default: the shipped suite)")
     run.add_argument(

@@ -258,7 +258,7 @@ class _Run:
         supervisor = f'{shlex.quote(command.python)} -I "$d/harness.py" run --dir "$d"'
         options = shlex.join(["--log-cap", str(self.log_cap), "--timeout", f"{self.limit:g}", "--", "child"])
         child = f'--workdir "$PWD" --config {config} --plugins {shlex.quote(",".join(command.plugins))}'
-        pytest_args = shlex.join(["--", *command.args, *test_targets(task)])
+        pytest_args = shlex.join(["--", *without_summary(command.args), *test_targets(task)])
         clean = "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; rm -rf .pytest_cache ; "
         run = f'{clean}{supervisor} {options} {child} --guard "$d/guard" {pytest_args}'
         result = await self._sh(run, timeout_s=self.limit + 60)
@@ -307,6 +307,16 @@ class _Run:
     async def _sh(self, command: str, *, timeout_s: float = 120.0) -> CommandResult:
         prefix = f'd="${{TMPDIR:-/tmp}}/{self.name}"; '
         return await self.sandbox.run(prefix + command, timeout_s=timeout_s, workdir=self.task.workdir)
+
+
+def without_summary(args: Iterable[str]) -> list[str]:
+    """``args`` with pytest's ``-r`` summary options replaced by ``-rfE`` (failures and errors only).
+
+    The verdict comes from the harness's report, not the terminal: a ``-rA`` summary only costs time (on a
+    7,500-test suite it made pytest 4× slower, 4.5 → 19.8 s), while failures and errors still help a reader.
+    """
+    kept = [arg for arg in args if not (arg.startswith("-r") and len(arg) > 2) and arg != "--report-chars"]
+    return [*kept, "-rfE"]
 
 
 def _summary(output: str, token: str) -> dict[str, Any] | None:

@@ -46,3 +46,17 @@ def test_a_few_tasks_in_docker():
     tasks = [task for task in load_suite() if task.id.endswith(("bool-case", "to-utc-offset", "list-at-end"))]
     reports = asyncio.run(validate_tasks(tasks, make_backend("docker")))
     assert all(report.ok for report in reports), format_table(reports)
+
+
+def test_cli_record_writes_reference_times(tmp_path, capsys):
+    from skyrl_agent.cli import main
+    from skyrl_agent.tasks import load_tasks, save_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    save_tasks([task for task in load_suite() if task.id == "durations-format-exact-hour"], path)
+    assert load_tasks(path)[0].reference_s is None
+    assert main(["tasks", "validate", "--tasks", str(path), "--backend", "process", "--record"]) == 0
+    assert "recorded the gold test-run times of 1 valid tasks" in capsys.readouterr().out
+    (task,) = load_tasks(path)
+    assert task.reference_s is not None
+    assert task.reference_s > 0
