@@ -397,9 +397,18 @@ def token_covariance(log_probs: torch.Tensor, advantages: torch.Tensor, loss_mas
     return centred_log_probs * (advantages - masked_mean(advantages, loss_mask))
 
 
+LOG_RATIO_BOUND = 20.0  # |log r_t| at most this before exp, as the reference implementation clamps
+
+
 def _log_ratio(log_probs: torch.Tensor, anchor_log_probs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """``log r_t = log π_θ − log π_anchor``, forced to 0 on masked tokens so padding cannot overflow ``exp``."""
-    return torch.where(loss_mask.bool(), log_probs - anchor_log_probs, torch.zeros_like(log_probs))
+    """``log r_t = log π_θ − log π_anchor``, clamped to ±``LOG_RATIO_BOUND``; 0 on masked tokens.
+
+    Unclamped, a large policy/anchor mismatch (a stale or broken rollout log-prob) makes ``exp`` overflow to inf, the
+    loss and gradient become inf/NaN and the optimizer step is skipped. Clamped, ``exp`` stays below 5e8: the clip
+    terms bound the loss and the step goes ahead.
+    """
+    delta = (log_probs - anchor_log_probs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return torch.where(loss_mask.bool(), delta, torch.zeros_like(log_probs))
 
 
 def _ratio_metrics(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:

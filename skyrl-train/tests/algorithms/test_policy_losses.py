@@ -245,3 +245,18 @@ def test_token_tis_weights_the_loss_by_the_truncated_ratio() -> None:
     assert loss.item() == pytest.approx((-2.0 - 0.5) / 2)
     assert metrics["off_policy/tis_clip_frac"] == pytest.approx(0.5)
     assert grad(loss, log_probs) == pytest.approx([-2.0 / 2, -0.5 / 2])
+
+
+@pytest.mark.parametrize(
+    "loss_fn", [ppo_clip_loss, dual_clip_loss, gspo_loss, cispo_loss, sapo_loss, clip_cov_loss, kl_cov_loss]
+)
+def test_a_huge_log_prob_mismatch_gives_a_finite_loss_and_gradient(loss_fn: object) -> None:
+    # float32, as in training: an unclamped exp(100) overflows to inf and the step would be lost.
+    assert callable(loss_fn)
+    new = torch.tensor([[0.0, -0.1, -0.2]], requires_grad=True)
+    old = torch.tensor([[-100.0, 100.0, -0.2]])
+    loss, metrics = loss_fn(new, old, torch.tensor([[1.0, -1.0, 0.5]]), torch.ones(1, 3), CONFIG)
+    assert math.isfinite(loss.item())
+    (gradient,) = torch.autograd.grad(loss, new)
+    assert bool(torch.isfinite(gradient).all())
+    assert all(math.isfinite(value) for value in metrics.values())
