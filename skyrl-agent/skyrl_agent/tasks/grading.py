@@ -272,12 +272,15 @@ class _Run:
 
     def _verdict(self, summary: Mapping[str, Any], report: bytes, log: str) -> GradeResult:
         task = self.task
+        problems: list[str] = []
+        if hashlib.sha256(report).hexdigest() != summary.get("report_sha256"):
+            # Nothing in a report rewritten behind the harness's back is read (it may not even parse).
+            problems.append("the report file changed after the harness wrote it")
+            report = b""
         tests, finish = _parse_report(report)
         f2p = {node: tests.get(node) in PASSING for node in task.fail_to_pass}
         p2p = {node: tests.get(node) in PASSING or tests.get(node) == "SKIPPED" for node in task.pass_to_pass}
-        problems = list(finish.get("tampered", [])) if finish else []
-        if hashlib.sha256(report).hexdigest() != summary.get("report_sha256"):
-            problems.append("the report file changed after the harness wrote it")
+        problems += list(finish.get("tampered", [])) if finish else []
         if summary.get("forged"):
             problems.append(f"{summary['forged']} unsigned lines arrived on the report channel")
         resolved = all(f2p.values()) and all(p2p.values()) and finish is not None and not problems
@@ -336,7 +339,7 @@ def _parse_report(report: bytes) -> tuple[dict[str, str], dict[str, Any] | None]
     tests: dict[str, str] = {}
     finish: dict[str, Any] | None = None
     for line in report.splitlines():
-        record = json.loads(line)
+        record = json.loads(line)  # the harness wrote every line with json.dumps, and the hash says it did
         if record.get("t") == "finish":
             finish = record
         elif record.get("t") == "test" and record.get("s") in _RANK:
