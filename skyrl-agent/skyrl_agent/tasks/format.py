@@ -108,9 +108,11 @@ def repo_files(task: SWETask) -> dict[str, bytes]:
     if isinstance(task.repo, Path):
         if not task.repo.is_dir():
             raise TaskFormatError(f"task {task.id!r}: repo directory {task.repo} does not exist")
-        _check_no_escaping_links(task.repo, f"task {task.id!r}")
+        top, where = task.repo.resolve(), f"task {task.id!r}"
         files: dict[str, bytes] = {}
         for directory, dirnames, filenames in os.walk(task.repo):
+            for name in (*dirnames, *filenames):
+                _check_link(Path(directory) / name, top, where)
             dirnames[:] = sorted(name for name in dirnames if name not in _SKIPPED_DIRS)
             for name in sorted(filenames):
                 path = Path(directory) / name
@@ -340,15 +342,18 @@ def _check_no_escaping_links(root: Path, where: str) -> None:
     top = root.resolve()
     for directory, dirnames, filenames in os.walk(root):
         for name in (*dirnames, *filenames):
-            path = Path(directory) / name
-            if not path.is_symlink():
-                continue
-            target = path.resolve()
-            if not target.is_relative_to(top) or target.is_dir():
-                raise TaskFormatError(
-                    f"{where}: field 'repo': {path} is a symbolic link to {target}, outside the repository or a"
-                    " directory; replace it with the file itself"
-                )
+            _check_link(Path(directory) / name, top, where)
+
+
+def _check_link(path: Path, top: Path, where: str) -> None:
+    if not path.is_symlink():
+        return
+    target = path.resolve()
+    if not target.is_relative_to(top) or target.is_dir():
+        raise TaskFormatError(
+            f"{where}: field 'repo': {path} is a symbolic link to {target}, outside the repository or a"
+            " directory; replace it with the file itself"
+        )
 
 
 def _relpath(path: Path, base_dir: Path | None) -> str:

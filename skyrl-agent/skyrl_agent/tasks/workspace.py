@@ -26,7 +26,8 @@ def git_command(*env: str) -> str:
 
 
 GIT = git_command()
-DIFF_PATH = "/tmp/.skyrl-submission.diff"
+_DIFF_NAME = ".skyrl-submission.diff"
+DIFF_PATH = f"/tmp/{_DIFF_NAME}"  # where the submission's diff lies in the sandbox
 _DIFF_OPTIONS = "--binary --no-color --no-ext-diff --no-textconv --no-renames --src-prefix=a/ --dst-prefix=b/"
 
 
@@ -63,7 +64,7 @@ async def submission_diff(sandbox: Sandbox, workdir: str, base: str | None, *, t
     agent's own index is untouched and a diff of any size arrives intact.
     """
     # "${TMPDIR:-/tmp}" is the sandbox's /tmp as its commands see it (see the process backend).
-    index, out = '"${TMPDIR:-/tmp}/.skyrl-submission.index"', '"${TMPDIR:-/tmp}/.skyrl-submission.diff"'
+    index, out = '"${TMPDIR:-/tmp}/.skyrl-submission.index"', f'"${{TMPDIR:-/tmp}}/{_DIFF_NAME}"'
     git = git_command(f"GIT_INDEX_FILE={index}")
     ref = shlex.quote(base or "HEAD")
     command = (
