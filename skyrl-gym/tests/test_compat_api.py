@@ -252,3 +252,61 @@ def test_metrics_aggregation_per_env_class() -> None:
     assert default_aggregate_metrics([{"ok": True, "s": "x"}, {"ok": False}]) == {"ok": 0.5}
     with pytest.raises(ValueError, match="unknown-env"):
         aggregate_for_environment("unknown-env", [])
+
+
+# ---------------------------------------------------------------------------------------------------- RLM env and REPL
+
+RLM_HELPERS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
+
+
+def echo_lm(prompts: list[str]) -> list[str]:
+    return [f"response:{prompt}" for prompt in prompts]
+
+
+def test_rlm_repl_scaffold_is_restored_to_the_0_4_private_helpers() -> None:
+    from skyrl_gym.envs.rlm.repl import PersistentREPL
+
+    with PersistentREPL(lm_callback=echo_lm) as repl:
+        repl.execute("llm_query = lambda p, m=None: 'hijacked'\nrlm_query = llm_query\nFINAL_VAR = SHOW_VARS = 0")
+        assert repl.globals["llm_query"] == repl._llm_query
+        assert repl.globals["llm_query_batched"] == repl._llm_query_batched
+        assert repl.globals["rlm_query"] == repl._rlm_query
+        assert repl.globals["rlm_query_batched"] == repl._rlm_query_batched
+        assert repl.globals["FINAL_VAR"] == repl._final_var
+        assert repl.globals["SHOW_VARS"] == repl._show_vars
+
+
+def test_rlm_repl_helpers_accept_0_4_arguments() -> None:
+    from skyrl_gym.envs.rlm.repl import PersistentREPL
+
+    seen: list[tuple[str, Any]] = []
+
+    def subcall(prompt: str, context: Any = None) -> str:
+        seen.append((prompt, context))
+        return f"child:{prompt}"
+
+    # 0.4 model code may name a model (0.4 ignores it too) and passes batched contexts as ``context_list``.
+    code = (
+        "print(llm_query('a', 'some-model'), llm_query_batched(['b'], model='some-model'))\n"
+        "print(rlm_query('c', model='m', context='x'),"
+        " rlm_query_batched(['d', 'e'], model='m', context_list=['y', 'z']))"
+    )
+    with PersistentREPL(lm_callback=echo_lm, subcall_fn=subcall) as repl:
+        assert repl.execute(code).stdout == "response:a ['response:b']\nchild:c ['child:d', 'child:e']\n"
+    assert sorted(seen) == [("c", "x"), ("d", "y"), ("e", "z")]
+
+
+def test_rlm_env_system_prompt_names_every_helper_when_an_lm_callback_is_given() -> None:
+    from skyrl_gym.envs.rlm.env import BaseRLMEnv
+
+    class TaskRLMEnv(BaseRLMEnv):
+        pass
+
+    register(id="task_rlm", entry_point=TaskRLMEnv)
+    rlm_extras = {"max_turns": 5, "extra_info": {"context_text": "The capital of France is Paris."}}
+    for callback, expected in ((None, False), (echo_lm, True)):
+        env = skyrl_gym.make("task_rlm", extras=extras("Paris", **rlm_extras, lm_callback=callback))
+        messages, _ = env.init([{"role": "user", "content": "What is the capital of France?"}])
+        system = next(m["content"] for m in messages if m["role"] == "system")
+        assert [name in system for name in RLM_HELPERS] == [expected] * 4
+        env.close()

@@ -53,8 +53,10 @@ class CodeExecutor:
             milliseconds); with one interpreter per run they start one at once.
         isolation: Force an isolation mode; default: :func:`~skyrl_gym.sandbox.isolation.isolation_mode`.
         python: The interpreter to run snippets with; default ``sys.executable`` (so a virtual environment's
-            packages are importable). Outside bwrap, when running as root, it must be readable by an
-            unprivileged uid; the default falls back to ``/usr/bin/python3`` when it is not.
+            packages are importable). Its directories are resolved (``..`` and linked directories, relative to
+            the current directory; :func:`~skyrl_gym.sandbox.interpreter.normalize_interpreter_path`) but not the
+            file itself, so a virtual environment anywhere works. Outside bwrap, when running as root, it must be
+            readable by an unprivileged uid; the default falls back to ``/usr/bin/python3`` when it is not.
         preload: Modules each interpreter imports before it waits for a job (e.g. ``["numpy"]``), so that
             importing them in a snippet is free. They count toward ``memory_mb``. Each run still gets a freshly
             imported copy: the module state is never shared between runs.

@@ -14,7 +14,14 @@ from typing import Final
 
 from skyrl_gym.sandbox.errors import SandboxUnavailableError
 
-__all__ = ["SYSTEM_PYTHON", "Interpreter", "default_python", "inspect_interpreter", "sandbox_env"]
+__all__ = [
+    "SYSTEM_PYTHON",
+    "Interpreter",
+    "default_python",
+    "inspect_interpreter",
+    "normalize_interpreter_path",
+    "sandbox_env",
+]
 
 SYSTEM_PYTHON: Final = "/usr/bin/python3"
 
@@ -24,8 +31,9 @@ class Interpreter:
     """A Python executable as the sandbox sees it.
 
     Attributes:
-        path: The executable as given. A virtual environment's ``bin/python`` is kept as is (not resolved), so
-            the snippet sees that environment's site-packages, as ``python -c`` started from it would.
+        path: The executable, absolute, its directories resolved (see :func:`normalize_interpreter_path`). The
+            file itself is not resolved: a virtual environment's ``bin/python`` stays, so the snippet sees that
+            environment's site-packages, as ``python -c`` started from it would.
         roots: Directories it reads at run time (``sys.prefix``, ``sys.base_prefix``, the exec prefixes and the
             directory of the resolved executable); bwrap makes them visible read-only.
         recursion_depth: How deep the bootstrap's recursion probe gets under ``path -c`` (see ``_bootstrap``).
@@ -49,6 +57,20 @@ def default_python() -> str:
     return sys.executable or SYSTEM_PYTHON
 
 
+def normalize_interpreter_path(path: str) -> str:
+    """``path`` made absolute with its directory fully resolved (``..``, linked directories); the file name kept.
+
+    Why: bwrap execs the path inside the sandbox, where only the interpreter's own directories exist, so
+    ``/tmp/x/../venv/bin/python`` (what ``sys.executable`` is after starting ``../venv/bin/python``) is not found
+    there. The last component is kept, not resolved: a virtual environment's ``bin/python`` is a link to the base
+    interpreter, and following it would lose the environment. A bare command name (no ``/``) is returned as is.
+    """
+    if os.sep not in path:
+        return path
+    directory, name = os.path.split(path)
+    return os.path.join(os.path.realpath(directory), name)
+
+
 def sandbox_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The whole environment of a sandboxed interpreter: nothing inherited from the caller but ``extra``.
 
@@ -69,15 +91,19 @@ print(json.dumps({{"roots": roots, "depth": depth}}))
 """
 
 
-@functools.cache
 def inspect_interpreter(path: str) -> Interpreter:
     """Start ``path`` once (unsandboxed, running only this module's fixed script) to learn its roots.
 
-    Cached per path for the life of the process.
+    ``path`` is normalised first (:func:`normalize_interpreter_path`); cached per path for the life of the process.
 
     Raises:
         SandboxUnavailableError: ``path`` does not run or is not a Python 3 interpreter.
     """
+    return _inspect(normalize_interpreter_path(path))
+
+
+@functools.cache
+def _inspect(path: str) -> Interpreter:
     probe = _recursion_probe()
     try:
         done = subprocess.run(

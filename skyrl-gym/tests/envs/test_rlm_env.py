@@ -171,6 +171,17 @@ def test_callbacks_from_extras_reach_the_repl() -> None:
     assert env.depth == 1
 
 
+def test_lm_callback_alone_gives_rlm_query_as_an_lm_call() -> None:
+    env = make_env(lm_callback=lambda prompts: [f"lm:{p}" for p in prompts])
+    conversation, _ = env.init(PROMPT)
+    system = conversation[0]["content"]
+    for helper in ("llm_query(prompt)", "llm_query_batched(prompts)", "rlm_query(prompt", "rlm_query_batched(prompts"):
+        assert helper in system, helper
+    assert "copy of you" not in system  # no sub-episodes without subcall_fn: the prompt says they ask the LM
+    out = env.step(repl_block("print(rlm_query('sub'))\nprint(rlm_query_batched(['a', 'b']))"))
+    assert out["observations"][0]["content"] == "REPL output:\nlm:sub\n['lm:a', 'lm:b']\n"
+
+
 # ----------------------------------------------------------------------------------------------------- init and prompts
 
 

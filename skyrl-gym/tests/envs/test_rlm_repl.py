@@ -301,10 +301,9 @@ def test_helpers_only_with_callbacks() -> None:
         assert not any(name in bare.globals for name in HELPERS)
         assert {"FINAL_VAR", "SHOW_VARS", "context"} <= set(bare.globals)
         assert bare.execute("llm_query('x')").error == "NameError: name 'llm_query' is not defined"
+        assert bare.execute("rlm_query('x')").error == "NameError: name 'rlm_query' is not defined"
     with PersistentREPL(lm_callback=upper_lm) as lm_only:
-        assert {"llm_query", "llm_query_batched"} <= set(lm_only.globals)
-        assert "rlm_query" not in lm_only.globals
-        assert "rlm_query_batched" not in lm_only.globals
+        assert set(HELPERS) <= set(lm_only.globals)  # rlm_query and rlm_query_batched fall back to the LM
     with PersistentREPL(subcall_fn=echo_subcall) as sub_only:
         assert {"rlm_query", "rlm_query_batched"} <= set(sub_only.globals)
         assert "llm_query" not in sub_only.globals
@@ -327,6 +326,16 @@ def test_scaffold_is_restored_after_model_code_overwrites_it(repl: PersistentREP
     for name, original in originals.items():
         assert repl.globals[name] is original, name
     assert repl.execute("print(llm_query('hi'), context)").stdout == "HI the context\n"
+
+
+def test_scaffold_of_an_lm_only_repl_is_restored_after_model_code_overwrites_it() -> None:
+    with PersistentREPL(lm_callback=upper_lm) as repl:
+        originals = {name: repl.globals[name] for name in HELPERS}
+        repl.execute("llm_query = lambda p, m=None: 'hijacked'\nrlm_query = len\ndel rlm_query_batched")
+        for name, original in originals.items():
+            assert repl.globals[name] is original, name
+        assert repl.globals["llm_query"] == repl.llm_query
+        assert repl.execute("print(llm_query('a'), rlm_query('b'), rlm_query_batched(['c']))").stdout == "A B ['C']\n"
 
 
 def test_overwrite_inside_a_failing_run_is_restored(repl: PersistentREPL) -> None:
@@ -416,6 +425,46 @@ def test_rlm_query_batched_rejects_mismatched_contexts(repl: PersistentREPL) -> 
     result = repl.execute("rlm_query_batched(['a', 'b'], ['only one'])")
     assert result.error == "ValueError: rlm_query_batched got 2 prompts but 1 contexts"
     assert repl.rlm_query_batched([]) == []
+
+
+def test_rlm_query_without_subcall_fn_asks_the_lm() -> None:
+    batches: list[list[str]] = []
+
+    def lm(prompts: list[str]) -> list[str]:
+        batches.append(prompts)
+        return [prompt.upper() for prompt in prompts]
+
+    with PersistentREPL(lm_callback=lm) as repl:
+        result = repl.execute("print(rlm_query('one'))\nprint(rlm_query_batched(['a', '[1]']))")
+    assert result.stdout == "ONE\n['A', '[1]']\n"  # the LM's text as is: not parsed like a child's answer
+    assert batches == [["one"], ["a", "[1]"]]  # one LM call per helper call, as llm_query(_batched) makes
+
+
+def test_rlm_query_fallback_puts_the_context_in_the_prompt() -> None:
+    seen: list[str] = []
+
+    def lm(prompts: list[str]) -> list[str]:
+        seen.extend(prompts)
+        return ["ok"] * len(prompts)
+
+    with PersistentREPL(lm_callback=lm) as repl:
+        assert repl.rlm_query("summarise", context="chapter 1") == "ok"
+        assert repl.rlm_query_batched(["a", "b"], contexts=[None, {"k": 1}]) == ["ok", "ok"]
+        assert repl.execute("rlm_query_batched(['a', 'b'], ['only one'])").error == (
+            "ValueError: rlm_query_batched got 2 prompts but 1 contexts"
+        )
+    assert seen == ["summarise\n\nContext:\nchapter 1", "a", "b\n\nContext:\n{'k': 1}"]
+
+
+def test_rlm_query_fallback_failures_become_lm_error_text() -> None:
+    def down(prompts: list[str]) -> list[str]:
+        raise ConnectionError("server down")
+
+    with PersistentREPL(lm_callback=down) as repl:
+        assert repl.execute("print(rlm_query('q'))").stdout == f"{LM_ERROR_PREFIX}server down\n"
+        assert repl.rlm_query_batched(["a", "b"]) == [f"{LM_ERROR_PREFIX}server down"] * 2
+    with PersistentREPL() as bare, pytest.raises(RuntimeError, match=r"subcall_fn=\.\.\. or lm_callback=\.\.\."):
+        bare.rlm_query("x")
 
 
 def test_rlm_failure_text_from_model_code() -> None:
@@ -521,6 +570,13 @@ def test_process_repl_helpers_call_back_to_the_parent(process_repl: PersistentRE
         "print(rlm_query('[1, 2]'), rlm_query_batched(['x', 'y'], [None, 'ctx']))"
     )
     assert process_repl.execute(code).stdout == "A ['B', 'C']\n[1, 2] ['x', 'y:ctx']\n"
+
+
+def test_process_repl_rlm_query_falls_back_to_the_parents_lm() -> None:
+    with PersistentREPL(lm_callback=upper_lm, isolation="process") as repl:
+        assert set(HELPERS) <= set(repl.globals)
+        code = "print(rlm_query('a'), rlm_query_batched(['b', 'c'], ['x', None]))"
+        assert repl.execute(code).stdout == "A ['B\\n\\nCONTEXT:\\nX', 'C']\n"
 
 
 def test_process_repl_final_var_reaches_the_parent(process_repl: PersistentREPL) -> None:

@@ -27,8 +27,8 @@ from skyrl_gym.sandbox import (
     isolation_guarantees,
     isolation_mode,
 )
-from skyrl_gym.sandbox.interpreter import SYSTEM_PYTHON, inspect_interpreter
-from skyrl_gym.sandbox.isolation import MODES, UidPool, bwrap_command
+from skyrl_gym.sandbox.interpreter import SYSTEM_PYTHON, inspect_interpreter, normalize_interpreter_path
+from skyrl_gym.sandbox.isolation import MODES, UidPool, bwrap_command, check_mode
 
 ERROR = "Error executing Python code: "
 
@@ -235,6 +235,64 @@ def test_interpreter_outside_bwrap_is_usable_by_the_private_uid() -> None:
     if private:
         with pytest.raises(SandboxUnavailableError, match="unprivileged"):
             CodeExecutor(pool_size=0, isolation="rlimits", python=sys.executable)
+
+
+def require_bwrap() -> None:
+    try:
+        check_mode("bwrap")
+    except SandboxUnavailableError as exc:
+        pytest.skip(str(exc))
+
+
+def test_interpreter_path_resolves_directories_but_keeps_the_venv_link(
+    open_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A venv's bin/python links to the base interpreter: resolving the link itself would lose the venv.
+    real = os.path.realpath(os.path.join(open_dir, "real"))
+    os.makedirs(os.path.join(real, "bin"))
+    os.symlink(sys.executable, os.path.join(real, "bin", "python"))
+    os.symlink(real, os.path.join(open_dir, "linked"))
+    expected = os.path.join(real, "bin", "python")
+    assert normalize_interpreter_path(os.path.join(open_dir, "linked", "bin", "..", "bin", "python")) == expected
+    assert normalize_interpreter_path(os.path.join(open_dir, "linked", "..", "real", "bin", "python")) == expected
+    monkeypatch.chdir(open_dir)
+    assert normalize_interpreter_path("linked/bin/python") == expected
+    assert normalize_interpreter_path("python3") == "python3"  # a command name is looked up on PATH, unchanged
+
+
+def test_venv_reached_through_dot_dot_runs_in_bwrap(open_dir: str) -> None:
+    # bwrap execs the interpreter path inside the sandbox, where a directory before ".." may not exist.
+    require_bwrap()
+    venv = os.path.realpath(os.path.join(open_dir, "venv"))
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = subprocess.run([f"{venv}/bin/python", "-c", purelib], capture_output=True, text=True, check=True)
+    Path(site.stdout.strip(), "venv_marker.py").write_text("WHERE = 'venv'\n")
+    os.mkdir(os.path.join(open_dir, "detour"))
+    dotted = os.path.join(open_dir, "detour", "..", "venv", "bin", "python")
+    with CodeExecutor(pool_size=1, isolation="bwrap", python=dotted) as executor:
+        assert executor.python == os.path.join(venv, "bin", "python")
+        ran = executor.run("import sys, venv_marker\nprint(venv_marker.WHERE, sys.prefix)")
+    assert (ran.stdout, ran.stderr) == (f"venv {venv}\n", "")
+
+
+def test_sys_executable_with_dot_dot_runs_in_bwrap(open_dir: str) -> None:
+    # Started by a relative path, sys.executable keeps its "..": /tmp/x/detour/../../../venv/bin/python.
+    require_bwrap()
+    detour = os.path.join(open_dir, "detour")
+    os.mkdir(detour)
+    code = (
+        "import sys\n"
+        "from skyrl_gym.sandbox import CodeExecutor\n"
+        "assert '..' in sys.executable.split('/'), sys.executable\n"
+        "with CodeExecutor(pool_size=1, isolation='bwrap') as executor:\n"
+        "    print(executor.python)\n"
+        "    print(executor.run('import sys; print(sys.prefix)').stdout, end='')\n"
+    )
+    relative = os.path.relpath(sys.executable, detour)
+    done = subprocess.run([relative, "-c", code], cwd=detour, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{normalize_interpreter_path(sys.executable)}\n{os.path.realpath(sys.prefix)}\n"
 
 
 def test_worker_killed_while_idle_is_replaced(host: Any) -> None:

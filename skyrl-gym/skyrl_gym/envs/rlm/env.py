@@ -27,8 +27,10 @@ history, so a caller that tokenises turn by turn (token-in-token-out) should re-
 ``extras`` keys (dataset columns and generator-injected values):
 
 * ``max_turns`` (default 10), ``repl_timeout`` (seconds per code run, default 180).
-* ``lm_callback``: ``(prompts: list[str]) -> list[str]``; enables ``llm_query``/``llm_query_batched``.
-* ``subcall_fn``: ``(prompt, context=None) -> str``; enables ``rlm_query``/``rlm_query_batched``.
+* ``lm_callback``: ``(prompts: list[str]) -> list[str]``; enables ``llm_query``/``llm_query_batched``, and
+  ``rlm_query``/``rlm_query_batched`` as plain language-model calls when there is no ``subcall_fn`` (as in
+  skyrl-gym 0.4). The system prompt then lists all four helpers.
+* ``subcall_fn``: ``(prompt, context=None) -> str``; makes ``rlm_query``/``rlm_query_batched`` run sub-episodes.
 * ``depth``: recursion depth of this episode (0 for the root); stored for subclasses and subcall functions.
 * ``extra_info.context_text``: the context. A string holding a JSON object is decoded to a ``dict``; any other
   string stays a string; a non-string value is used as is.
@@ -334,6 +336,11 @@ class BaseRLMEnv(BaseTextEnv):
             lines.append(
                 "- rlm_query(prompt, context=None) hands a sub-task (with its own context) to a copy of you "
                 "that has its own REPL; rlm_query_batched(prompts, contexts=None) runs several, answers in order."
+            )
+        elif self.lm_callback is not None:
+            lines.append(
+                "- rlm_query(prompt, context=None) and rlm_query_batched(prompts, contexts=None) ask the language "
+                "model directly here, like llm_query and llm_query_batched; a context you pass is added to the prompt."
             )
         lines += [
             "",

@@ -16,9 +16,16 @@ What model code sees (the *scaffold*, restored after every run so model code can
   answer; sets :attr:`PersistentREPL.final_value` and returns the answer's text.
 * ``SHOW_VARS()``: a one-line summary of the variables model code defined.
 * ``llm_query(prompt) -> str`` and ``llm_query_batched(prompts) -> list[str]``: only when ``lm_callback`` is given.
-* ``rlm_query(prompt, context=None)`` and ``rlm_query_batched(prompts, contexts=None)``: only when ``subcall_fn``
-  is given. A child's text answer is parsed with :func:`ast.literal_eval` when it is a Python literal
-  (``"[1, 2]"`` becomes a list), else returned as the string.
+* ``rlm_query(prompt, context=None)`` and ``rlm_query_batched(prompts, contexts=None)``: when ``subcall_fn`` or
+  ``lm_callback`` is given. With ``subcall_fn`` each call runs a sub-episode, and a child's text answer is parsed
+  with :func:`ast.literal_eval` when it is a Python literal (``"[1, 2]"`` becomes a list), else returned as the
+  string. Without it they fall back to ``llm_query``/``llm_query_batched``, as in skyrl-gym 0.4: the language
+  model answers, its text is returned as is, and a ``context`` given is appended to the prompt, after a blank
+  line and a ``Context:`` line (0.4 dropped it).
+
+The helpers also take skyrl-gym 0.4's arguments: an optional ``model`` (ignored: the callbacks choose the model)
+and ``rlm_query_batched(prompts, context_list=...)``. Their 0.4 private names (``_llm_query``,
+``_llm_query_batched``, ``_rlm_query``, ``_rlm_query_batched``) are aliases of the public methods.
 
 Helper failures never raise into model code: a failed item reads ``"Error: LM query failed - <why>"`` or
 ``"Error: RLM query failed - <why>"``, and in batched calls only the failing items do; results keep the order
@@ -133,8 +140,9 @@ SCAFFOLD_NAMES: Final = (
     "rlm_query",
     "rlm_query_batched",
 )
-"""Names the REPL defines for model code and restores after every run (helpers only when their callback exists)."""
+"""Names the REPL defines for model code and restores after every run (helpers only when a callback backs them)."""
 
+_RLM_CALLBACKS: Final = "subcall_fn=... or lm_callback"  # what rlm_query needs, for its error message
 _SUBCALL_WORKERS: Final = 2  # rlm_query_batched runs at most this many sub-episodes at once
 _ALARM_RETRY_S: Final = 0.1  # after the deadline, how often SIGALRM re-fires while model code still runs
 _THREAD_STOP_GRACE_S: Final = 1.0  # how long a timed-out helper thread is sent timeouts before it is given up
@@ -307,6 +315,13 @@ def subcall_value(subcall_fn: SubcallFn, prompt: str, context: Any = None) -> An
         return subcall_fn(prompt) if context is None else subcall_fn(prompt, context)
     except Exception as exc:  # a failed child is reported to the model as text
         return f"{RLM_ERROR_PREFIX}{exc}"
+
+
+def fallback_prompt(prompt: Any, context: Any = None) -> str:
+    """The ``llm_query`` prompt of an ``rlm_query`` without ``subcall_fn``: the prompt, then the context if any."""
+    if context is None:
+        return str(prompt)
+    return f"{prompt}\n\nContext:\n{context}"
 
 
 def parse_child_answer(answer: Any) -> Any:
@@ -575,7 +590,7 @@ class PersistentREPL:
         if self.lm_callback is not None:
             scaffold["llm_query"] = self.llm_query
             scaffold["llm_query_batched"] = self.llm_query_batched
-        if self.subcall_fn is not None:
+        if self.subcall_fn is not None or self.lm_callback is not None:  # without subcall_fn: the LM answers
             scaffold["rlm_query"] = self.rlm_query
             scaffold["rlm_query_batched"] = self.rlm_query_batched
         return scaffold
@@ -712,43 +727,87 @@ class PersistentREPL:
         ]
         return "Variables: " + ", ".join(shown) if shown else "No variables defined yet."
 
-    def llm_query(self, prompt: Any) -> str:
-        """Ask the language model one prompt (``str(prompt)``); failures come back as an error text."""
+    def llm_query(self, prompt: Any, model: str | None = None) -> str:
+        """Ask the language model one prompt (``str(prompt)``); failures come back as an error text.
+
+        ``model`` is accepted for skyrl-gym 0.4 code and ignored: ``lm_callback`` decides which model answers.
+        """
         callback = self._require(self.lm_callback, "llm_query", "lm_callback")
         return lm_texts(callback, [str(prompt)])[0]
 
-    def llm_query_batched(self, prompts: Iterable[Any]) -> list[str]:
-        """Ask the language model many prompts in one call; answers in prompt order, failures per item."""
+    def llm_query_batched(self, prompts: Iterable[Any], model: str | None = None) -> list[str]:
+        """Ask the language model many prompts in one call; answers in prompt order, failures per item.
+
+        ``model`` is ignored, as in :meth:`llm_query`.
+        """
         callback = self._require(self.lm_callback, "llm_query_batched", "lm_callback")
         return lm_texts(callback, [str(prompt) for prompt in prompts])
 
-    def rlm_query(self, prompt: Any, context: Any = None) -> Any:
-        """Run a recursive sub-episode on ``prompt`` (and its own ``context``); return its parsed answer."""
-        subcall_fn = self._require(self.subcall_fn, "rlm_query", "subcall_fn")
-        return parse_child_answer(subcall_value(subcall_fn, str(prompt), context))
+    def rlm_query(self, prompt: Any, context: Any = None, *, model: str | None = None) -> Any:
+        """Run a recursive sub-episode on ``prompt`` (and its own ``context``); return its parsed answer.
 
-    def rlm_query_batched(self, prompts: Iterable[Any], contexts: Iterable[Any] | None = None) -> list[Any]:
+        Without ``subcall_fn`` the language model answers instead (see the module docstring): the result is its
+        text, and ``context``, if given, is appended to the prompt. ``model`` is ignored.
+
+        Raises:
+            RuntimeError: The REPL has neither ``subcall_fn`` nor ``lm_callback``.
+        """
+        if self.subcall_fn is None:
+            self._require(self.lm_callback, "rlm_query", _RLM_CALLBACKS)
+            return self.llm_query(fallback_prompt(prompt, context))
+        return parse_child_answer(subcall_value(self.subcall_fn, str(prompt), context))
+
+    def rlm_query_batched(
+        self,
+        prompts: Iterable[Any],
+        contexts: Iterable[Any] | None = None,
+        *,
+        model: str | None = None,
+        context_list: Iterable[Any] | None = None,
+    ) -> list[Any]:
         """Run sub-episodes, two at a time, and return their parsed answers in prompt order.
 
-        A failed sub-episode yields an ``RLM_ERROR_PREFIX`` text in its slot; the others are unaffected.
+        A failed sub-episode yields an ``RLM_ERROR_PREFIX`` text in its slot; the others are unaffected. Without
+        ``subcall_fn`` all prompts go to the language model in one ``llm_query_batched`` call instead (contexts
+        appended as in :meth:`rlm_query`). ``context_list`` is skyrl-gym 0.4's name for ``contexts``; ``model``
+        is ignored.
 
         Raises:
             ValueError: ``contexts`` is given with a different length than ``prompts``.
+            TypeError: Both ``contexts`` and ``context_list`` are given.
+            RuntimeError: The REPL has neither ``subcall_fn`` nor ``lm_callback``.
         """
-        self._require(self.subcall_fn, "rlm_query_batched", "subcall_fn")
-        prompt_list = [str(prompt) for prompt in prompts]
-        context_list = [None] * len(prompt_list) if contexts is None else list(contexts)
-        if len(context_list) != len(prompt_list):
-            raise ValueError(f"rlm_query_batched got {len(prompt_list)} prompts but {len(context_list)} contexts")
-        if not prompt_list:
+        if contexts is not None and context_list is not None:
+            raise TypeError("rlm_query_batched takes contexts or context_list, not both")
+        if self.subcall_fn is None:
+            self._require(self.lm_callback, "rlm_query_batched", _RLM_CALLBACKS)
+        prompt_list = list(prompts)
+        given = contexts if contexts is not None else context_list
+        context_values = [None] * len(prompt_list) if given is None else list(given)
+        if len(context_values) != len(prompt_list):
+            raise ValueError(f"rlm_query_batched got {len(prompt_list)} prompts but {len(context_values)} contexts")
+        pairs = zip(prompt_list, context_values, strict=True)
+        if self.subcall_fn is None:
+            return self.llm_query_batched([fallback_prompt(prompt, context) for prompt, context in pairs])
+        return self._run_subcalls([(str(prompt), context) for prompt, context in pairs])
+
+    def _run_subcalls(self, calls: list[tuple[str, Any]]) -> list[Any]:
+        """``rlm_query`` of each ``(prompt, context)``, two at a time; the answers in order."""
+        if not calls:
             return []
-        pool = ThreadPoolExecutor(max_workers=min(_SUBCALL_WORKERS, len(prompt_list)), thread_name_prefix="rlm-sub")
+        pool = ThreadPoolExecutor(max_workers=min(_SUBCALL_WORKERS, len(calls)), thread_name_prefix="rlm-sub")
         try:
-            futures = [pool.submit(self.rlm_query, p, c) for p, c in zip(prompt_list, context_list, strict=True)]
+            futures = [pool.submit(self.rlm_query, prompt, context) for prompt, context in calls]
             return [future.result() for future in futures]
         finally:
             # No waiting: if a timeout interrupts this call, the sub-episodes still running finish unobserved.
             pool.shutdown(wait=False, cancel_futures=True)
+
+    # skyrl-gym 0.4's names for the helpers; code written against it compares the scaffold with these.
+    _llm_query = llm_query
+    _llm_query_batched = llm_query_batched
+    _rlm_query = rlm_query
+    _rlm_query_batched = rlm_query_batched
 
     @staticmethod
     def _require(callback: Any, helper: str, argument: str) -> Any:
