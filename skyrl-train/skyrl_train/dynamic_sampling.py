@@ -10,8 +10,9 @@ backward pass and teaches nothing. ``algorithm.dynamic_sampling`` picks what to 
             informative group of the same batch, once at least ``min_replace_ratio`` of its groups are
             informative; a batch with fewer is discarded and a fresh one drawn.
 
-Both draw at most ``max_sample_batches`` batches per step, then raise :class:`DynamicSamplingError`. A failed
-trajectory is a group of its own (see :mod:`skyrl_train.experience`), so it never counts as informative.
+Both draw at most ``max_sample_batches`` batches per step, then raise :class:`DynamicSamplingError`. A group's
+variance is over its trajectories that did not fail (see :mod:`skyrl_train.experience`): a group left with fewer
+than two is not informative, and a kept group keeps its failed rows (masked) with it.
 
 Both take the sampling as a coroutine function ``sample(attempt) -> Experience`` (``attempt`` 0 is the step's own
 batch of prompts, later ones are refills), so the loop owns the prompts, seeds and generator.
@@ -62,7 +63,7 @@ class _Tally:
 
 def count_informative_groups(experience: Experience) -> int:
     """The number of prompt groups of ``experience`` whose rewards are not all equal."""
-    zero_variance = zero_variance_rows(experience.sequence_rewards, experience.group_index)
+    zero_variance = zero_variance_rows(experience.sequence_rewards, experience.group_index, valid=~experience.failed)
     return int(torch.unique(experience.group_index[~zero_variance]).numel())
 
 
@@ -82,7 +83,7 @@ async def collect_informative_groups(
     while tally.batches < max_sample_batches:
         experience = await sample(tally.batches)
         tally.add(experience)
-        kept = filter_groups(experience.sequence_rewards, experience.group_index, missing)
+        kept = filter_groups(experience.sequence_rewards, experience.group_index, missing, valid=~experience.failed)
         if len(kept.row_index):
             parts.append(select_rows(experience, kept.row_index, kept.group_index))
         missing = kept.num_groups_needed
@@ -115,7 +116,11 @@ async def replace_uninformative_groups(
         experience = await sample(tally.batches)
         tally.add(experience)
         result = replace_groups(
-            experience.sequence_rewards, experience.group_index, min_replace_ratio, generator=generator
+            experience.sequence_rewards,
+            experience.group_index,
+            min_replace_ratio,
+            generator=generator,
+            valid=~experience.failed,
         )
         if result.num_groups_needed == 0:
             replaced = experience.num_groups - count_informative_groups(experience)

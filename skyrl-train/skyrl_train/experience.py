@@ -1,10 +1,11 @@
 """From generated trajectories to the tensors one RL step trains on.
 
 :func:`to_training_batch` collates a :class:`GeneratorOutput` into a :class:`TrainingBatch` whose ``tensors``
-hold ``rewards`` (token-level) and ``rollout_log_probs``, plus the ``[B]`` prompt-group index the advantage
-estimators and ``prompt_mean`` need. Trajectories that failed (env error, engine error, timeout) get a group of
-their own, so their zero reward never enters the statistics of the prompt group they came from; the generator
-has already zeroed their loss mask.
+hold ``rewards`` (token-level) and, when the engine reported them, ``rollout_log_probs``, plus the ``[B]``
+prompt-group index the advantage estimators, mini-batches and ``prompt_mean`` need. A trajectory that failed (env
+error, engine error, timeout) stays in its prompt's group, so mini-batches are made of whole prompts whatever
+failed; :attr:`Experience.failed` marks it, so its zero reward never enters its group's statistics (see
+``skyrl_train.algorithms.advantages``); the generator has already zeroed its loss mask.
 
 :func:`select_rows` and :func:`concat_experiences` reshape a step's experience by whole prompt groups (DAPO's
 dynamic sampling keeps, drops, duplicates and accumulates groups).
@@ -26,8 +27,8 @@ from skyrl_train.generators.base import FAILURE_STOP_REASONS, GeneratorOutput
 class Experience:
     """One step's trajectories as tensors, with what the loop needs to compute advantages and log metrics."""
 
-    batch: TrainingBatch  # tensors["rewards"], tensors["rollout_log_probs"] ([B, T]) besides the layout
-    group_index: torch.Tensor  # [B] int64 prompt group of each row (failed rows: a group of their own)
+    batch: TrainingBatch  # tensors["rewards"] and (when reported) tensors["rollout_log_probs"], [B, T]
+    group_index: torch.Tensor  # [B] int64 prompt group of each row, failed rows included
     trajectory_ids: list[str]
     stop_reasons: list[str]
 
@@ -37,8 +38,13 @@ class Experience:
         return self.batch.tensors["rewards"].sum(-1)
 
     @property
+    def failed(self) -> torch.Tensor:
+        """``[B]`` bool: the trajectories that failed (stop reason in ``FAILURE_STOP_REASONS``)."""
+        return torch.tensor([reason in FAILURE_STOP_REASONS for reason in self.stop_reasons], dtype=torch.bool)
+
+    @property
     def num_groups(self) -> int:
-        """The number of prompt groups (a failed row counts as a group of its own)."""
+        """The number of prompt groups, whether or not some of their trajectories failed."""
         return int(torch.unique(self.group_index).numel())
 
 
@@ -47,30 +53,30 @@ def prompt_uid(trajectory_id: str) -> str:
     return trajectory_id.rsplit(":", 1)[0]
 
 
-def group_index_of(trajectory_ids: Sequence[str], stop_reasons: Sequence[str]) -> torch.Tensor:
-    """``[B]`` group ids: rows of one prompt share an id; each failed row gets a fresh one."""
+def group_index_of(trajectory_ids: Sequence[str]) -> torch.Tensor:
+    """``[B]`` group ids: rows of one prompt share an id, in order of first appearance."""
     ids: dict[str, int] = {}
-    out = []
-    for trajectory_id, reason in zip(trajectory_ids, stop_reasons, strict=True):
-        key = trajectory_id if reason in FAILURE_STOP_REASONS else prompt_uid(trajectory_id)
-        out.append(ids.setdefault(key, len(ids)))
-    return torch.tensor(out, dtype=torch.long)
+    return torch.tensor([ids.setdefault(prompt_uid(t), len(ids)) for t in trajectory_ids], dtype=torch.long)
 
 
 def to_experience(output: GeneratorOutput, pad_token_id: int) -> Experience:
-    """Collate a generator's output (see the module docstring)."""
-    logprobs = output.rollout_logprobs or [[0.0] * len(r) for r in output.response_ids]
-    batch = collate(
-        output.prompt_token_ids,
-        output.response_ids,
-        output.loss_masks,
-        pad_token_id=pad_token_id,
-        per_token={"rewards": output.rewards, "rollout_log_probs": logprobs},
-    )
+    """Collate a generator's output (see the module docstring).
+
+    A trajectory whose env failed before its prompt was rendered has no prompt tokens; it gets one pad token, so
+    the row can ride along (masked) with its group.
+    """
     stop_reasons = [str(reason) for reason in output.stop_reasons]
+    prompts = [
+        list(ids) if ids or reason not in FAILURE_STOP_REASONS else [pad_token_id]
+        for ids, reason in zip(output.prompt_token_ids, stop_reasons, strict=True)
+    ]
+    per_token: dict[str, Sequence[Sequence[float]]] = {"rewards": output.rewards}
+    if output.rollout_logprobs is not None:
+        per_token["rollout_log_probs"] = output.rollout_logprobs
+    batch = collate(prompts, output.response_ids, output.loss_masks, pad_token_id=pad_token_id, per_token=per_token)
     return Experience(
         batch=batch,
-        group_index=group_index_of(output.trajectory_ids, stop_reasons),
+        group_index=group_index_of(output.trajectory_ids),
         trajectory_ids=list(output.trajectory_ids),
         stop_reasons=stop_reasons,
     )

@@ -1,9 +1,10 @@
 """The per-micro-batch RL objectives handed to ``TrainingBackend.forward_backward``.
 
 Policy: ``loss = policy_loss + kl_loss_coef · KL(π‖π_ref) − entropy_coef · H`` (:func:`make_loss_fn`). Critic:
-the clipped value loss (:func:`make_value_loss_fn`). Every term is reduced with the same ``token_weights``
-(computed once per mini-batch by :func:`add_token_weights`), so the micro-batch losses add up to the mini-batch
-loss whatever the micro-batch size.
+the clipped value loss (:func:`make_value_loss_fn`). Every policy term is reduced with the same ``token_weights``
+of the policy's ``loss_reduction``, the value loss with ``value_token_weights`` of its own reduction (a per-token
+mean unless ``Objective.value_loss_reduction`` says otherwise); both are computed once per mini-batch by
+:func:`add_token_weights`, so the micro-batch losses add up to the mini-batch loss whatever the micro-batch size.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from skyrl_train.algorithms import entropy_bonus, get_policy_loss, kl_loss, loss_weights, value_loss
 from skyrl_train.algorithms.kl import KLEstimatorName
 from skyrl_train.algorithms.policy_losses import PolicyLossConfig
+from skyrl_train.algorithms.reductions import LossReduction
 from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
 
 
@@ -28,18 +30,35 @@ class Objective:
     kl_loss_coef: float = 0.001
     kl_estimator_type: KLEstimatorName = "k3"
     entropy_coef: float = 0.0
+    value_loss_reduction: LossReduction = "token_mean"  # the critic's reduction; the policy's is its own
 
     @property
     def needs_entropy(self) -> bool:
         """Whether the backend must compute per-token entropy."""
         return self.entropy_coef != 0.0
 
+    @property
+    def needs_rollout_log_probs(self) -> str | None:
+        """What needs the engine's log-probs of the sampled tokens (a config name), or None if nothing does."""
+        if self.policy_loss.off_policy_correction.enabled:
+            return "the off_policy correction"
+        if self.policy_loss_type == "cispo" and self.policy_loss.cispo.cispo_anchor == "rollout":
+            return "algorithm.cispo_anchor='rollout'"
+        return None
 
-def add_token_weights(batch: TrainingBatch, group_index: torch.Tensor, config: PolicyLossConfig) -> None:
-    """Store ``tensors["token_weights"]`` for ``config.loss_reduction`` over this whole (mini-)batch."""
+
+def add_token_weights(batch: TrainingBatch, group_index: torch.Tensor, objective: Objective) -> None:
+    """Store ``tensors["token_weights"]`` (policy) and ``["value_token_weights"]`` over this whole (mini-)batch."""
+    config = objective.policy_loss
     batch.tensors["token_weights"] = loss_weights(
         batch.response_mask,
         config.loss_reduction,
+        group_index=group_index,
+        max_seq_len=config.max_seq_len,
+    )
+    batch.tensors["value_token_weights"] = loss_weights(
+        batch.response_mask,
+        objective.value_loss_reduction,
         group_index=group_index,
         max_seq_len=config.max_seq_len,
     )
@@ -92,7 +111,7 @@ def make_value_loss_fn(value_clip: float | None) -> LossFn:
     """The critic's closure ``(model_output, micro_batch) -> (loss, metrics)``: the clipped value loss.
 
     The micro-batch must carry ``values`` (the critic's predictions when the batch was collected), ``returns``
-    and ``token_weights``. ``value_clip`` is ``ε_v`` of :func:`~skyrl_train.algorithms.value_loss`; None
+    and ``value_token_weights``. ``value_clip`` is ``ε_v`` of :func:`~skyrl_train.algorithms.value_loss`; None
     disables clipping. Metrics: ``critic/vf_clip_frac`` and ``critic/values_mean``.
     """
 
@@ -106,7 +125,7 @@ def make_value_loss_fn(value_clip: float | None) -> LossFn:
             t["returns"],
             batch.response_mask,
             value_clip,
-            token_weights=t["token_weights"],
+            token_weights=t["value_token_weights"],
         )
         return loss, {f"critic/{k}": v for k, v in metrics.items()}
 

@@ -205,7 +205,6 @@ def rl_config(config: QuickstartConfig, model: Path, train_file: Path, eval_file
             f"trainer.micro_forward_batch_size={config.rl_prompts_per_step * n}",
             f"trainer.max_training_steps={config.rl_steps}",
             f"trainer.eval_interval={config.eval_interval}",
-            "trainer.eval_batch_size=1000",
             "trainer.ckpt_interval=0",
             "trainer.resume_mode=none",
             "trainer.logger=[console,jsonl,tensorboard]",

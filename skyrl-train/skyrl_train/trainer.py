@@ -49,6 +49,7 @@ from skyrl_train.algorithms import (
     DynamicSamplingType,
     KLController,
     apply_kl_penalty,
+    estimate_advantages,
     explained_variance,
     get_advantage_estimator,
     mask_zero_variance_groups,
@@ -87,10 +88,13 @@ class MetricsSink(Protocol):
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """What the loop itself needs; the entry point fills it from the run config."""
+    """What the loop itself needs; ``skyrl_train.wiring.loop_settings`` fills it from the run config.
 
-    n_samples_per_prompt: int = 4  # trajectories per prompt (a GRPO group)
-    policy_mini_batch_size: int = 16  # PROMPTS per optimizer step
+    The defaults are the run config's (``tests/test_wiring.py`` checks that they stay so).
+    """
+
+    n_samples_per_prompt: int = 5  # trajectories per prompt (a GRPO group)
+    policy_mini_batch_size: int = 256  # PROMPTS per optimizer step
     update_epochs_per_batch: int = 1  # passes over each step's trajectories
     advantage_estimator: str = "grpo"
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -104,7 +108,7 @@ class LoopSettings:
     logprob_temperature: float = 1.0  # must equal the sampling temperature
     reuse_update_log_probs: bool = True  # one update on one mini-batch: old log-probs from its forward pass
     eval_n_samples_per_prompt: int = 1
-    seed: int = 0
+    seed: int = 42  # seeds the per-step sampling seeds and the mini-batch shuffles
 
 
 @dataclass
@@ -230,12 +234,21 @@ class Trainer:
         return has_active_dropout is not None and not has_active_dropout()
 
     def _prepare(self, experience: Experience, metrics: Metrics, *, old_log_probs: bool = True) -> None:
-        """Fill old log-probs (unless ``old_log_probs`` is False), ref log-probs and advantages into the batch."""
+        """Fill old log-probs (unless ``old_log_probs`` is False), ref log-probs and advantages into the batch.
+
+        Failed trajectories stay in the batch (masked) but take no part in the advantages' statistics: see
+        "Failed trajectories" in ``skyrl_train.algorithms.advantages``.
+
+        Raises:
+            ValueError: the objective needs the engine's rollout log-probs and the generator returned none.
+        """
         batch = experience.batch
+        _check_rollout_log_probs(self.objective, batch)
         temperature = self.settings.logprob_temperature
         if old_log_probs:
             batch.tensors["old_log_probs"] = self.policy.forward(batch, temperature=temperature).log_probs.detach()
-            metrics["policy/rollout_logprob_gap"] = _logprob_gap(batch)
+            if _ROLLOUT in batch.tensors:
+                metrics["policy/rollout_logprob_gap"] = _logprob_gap(batch)
         else:
             # The gap is measured on the training forward, over the tokens generated (before any filter below).
             batch.tensors[_GAP_MASK] = batch.response_mask
@@ -255,17 +268,19 @@ class Trainer:
             )
             self.kl_controller.update(kl_metrics["kl"], len(batch))
             metrics.update({f"reward/{k}": v for k, v in kl_metrics.items()})
+        survived = ~experience.failed
         if self.settings.zero_variance_filter:
             batch.response_mask = mask_zero_variance_groups(
-                batch.response_mask, experience.sequence_rewards, experience.group_index
+                batch.response_mask, experience.sequence_rewards, experience.group_index, valid=survived
             )
-        estimator = get_advantage_estimator(self.settings.advantage_estimator)
-        advantages, returns = estimator(
+        advantages, returns = estimate_advantages(
+            get_advantage_estimator(self.settings.advantage_estimator),
             rewards,
             batch.response_mask,
             self.settings.advantage,
             group_index=experience.group_index,
             values=batch.tensors.get("values"),
+            valid=survived,
         )
         batch.tensors["advantages"] = advantages
         batch.tensors["returns"] = returns
@@ -291,14 +306,16 @@ class Trainer:
             loss_fn = _with_current_as_old(loss_fn, gap)
         value_loss_fn = make_value_loss_fn(self.settings.value_clip)
         sums: defaultdict[str, float] = defaultdict(float)
+        skipped: defaultdict[str, float] = defaultdict(float)  # optimizer steps skipped, per model
         count = 0
         rng = random.Random(self.settings.seed * 1_000_003 + self.global_step)
         for _ in range(self.settings.update_epochs_per_batch):
             for rows in self._mini_batches(experience.group_index, rng):
                 mini = experience.batch.select(rows)
-                if mini.response_mask.sum() == 0:
-                    continue  # nothing to learn from (e.g. every group zero-variance)
-                add_token_weights(mini, experience.group_index[rows], self.objective.policy_loss)
+                if mini.response_mask.sum() == 0:  # nothing to learn from (e.g. every group zero-variance or failed)
+                    self._advance_schedules()
+                    continue
+                add_token_weights(mini, experience.group_index[rows], self.objective)
                 stats = self.policy.forward_backward(
                     mini,
                     loss_fn,
@@ -309,13 +326,27 @@ class Trainer:
                 if self.critic is not None:
                     stats.update(_critic_step(self.critic, mini, value_loss_fn))
                 for key, value in stats.items():
-                    sums[key] += value
+                    if key.endswith("skipped"):
+                        skipped[key] += value
+                    else:
+                        sums[key] += value
                 count += 1
         metrics = {k if "/" in k else f"policy/{k}": v / count for k, v in sums.items()} if count else {}
         metrics["policy/optimizer_steps"] = float(count)
-        if reuse_forward:
+        metrics.update(_skipped_steps(skipped, self.global_step))
+        if reuse_forward and _ROLLOUT in experience.batch.tensors:
             metrics["policy/rollout_logprob_gap"] = gap.mean() if gap.tokens else self._measure_gap(experience.batch)
         return metrics
+
+    def _advance_schedules(self) -> None:
+        """An optimizer step without gradients: weights and moments stay, the LR schedules keep to the plan.
+
+        The schedules are sized for every mini-batch of the run; skipping a mini-batch without stepping would
+        leave a decaying schedule short of its end.
+        """
+        self.policy.optim_step()
+        if self.critic is not None:
+            self.critic.optim_step()
 
     def _measure_gap(self, batch: TrainingBatch) -> float:
         """The rollout log-prob gap from a separate forward pass (when no training forward ran to measure it)."""
@@ -422,8 +453,10 @@ class _GapSum:
 
     def add(self, log_probs: torch.Tensor, batch: TrainingBatch) -> None:
         """Add ``|rollout − log_probs|`` ``[b, T]`` over the batch's generated tokens."""
+        if _ROLLOUT not in batch.tensors:
+            return  # the engine reported no log-probs: there is no gap to measure
         mask = batch.tensors.get(_GAP_MASK, batch.response_mask)
-        gap = (batch.tensors["rollout_log_probs"] - log_probs.to(mask.device)).abs()
+        gap = (batch.tensors[_ROLLOUT] - log_probs.to(mask.device)).abs()
         self.total += float((gap * mask).sum())
         self.tokens += float(mask.sum())
 
@@ -447,9 +480,37 @@ def _with_current_as_old(loss_fn: LossFn, gap: _GapSum) -> LossFn:
     return on_policy_loss_fn
 
 
+_ROLLOUT = "rollout_log_probs"
+
+
+def _check_rollout_log_probs(objective: Objective, batch: TrainingBatch) -> None:
+    """Fail before any model work when the objective needs rollout log-probs the generator did not return."""
+    needed_by = objective.needs_rollout_log_probs
+    if needed_by is not None and _ROLLOUT not in batch.tensors:
+        raise ValueError(
+            f"{needed_by} needs the inference engine's log-probs of the sampled tokens, but the generator returned "
+            "none (GeneratorOutput.rollout_logprobs is None): sample with SamplingParams(logprobs=True) from an "
+            "engine that reports them, or turn the correction off"
+        )
+
+
+def _skipped_steps(skipped: Mapping[str, float], step: int) -> Metrics:
+    """``policy/skipped_steps`` (and ``critic/skipped_steps``): optimizer steps dropped for a non-finite gradient."""
+    metrics: Metrics = {}
+    for key, count in skipped.items():
+        name = key.rsplit("skipped", 1)[0] or "policy/"
+        metrics[f"{name}skipped_steps"] = count
+        if count:
+            logger.warning(
+                "step %d: %d %s optimizer step(s) skipped for a non-finite gradient norm", step, count, name[:-1]
+            )
+    metrics.setdefault("policy/skipped_steps", 0.0)
+    return metrics
+
+
 def _logprob_gap(batch: TrainingBatch) -> float:
     """Mean |engine log-prob − trainer log-prob| over the tokens the model generated (loss mask 1)."""
-    gap = (batch.tensors["rollout_log_probs"] - batch.tensors["old_log_probs"]).abs()
+    gap = (batch.tensors[_ROLLOUT] - batch.tensors["old_log_probs"]).abs()
     return float(masked_mean(gap, batch.response_mask).item())
 
 

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
 from skyrl_train import config as config_module
-from skyrl_train.algorithms import AdvantageConfig, FixedKLController, PolicyLossConfig
 from skyrl_train.config import (
     Config,
     ConfigError,
@@ -14,7 +14,6 @@ from skyrl_train.config import (
     ModelConfig,
     TrainerConfig,
     apply_overrides,
-    build_components,
     from_dict,
     load_config,
     record_config,
@@ -23,7 +22,6 @@ from skyrl_train.config import (
     to_yaml,
     validate,
 )
-from skyrl_train.inference.base import SamplingParams
 
 
 @pytest.fixture
@@ -223,37 +221,6 @@ def test_resolve_fills_derived_fields_once() -> None:
     assert explicit.model.ref_path == "ref"
 
 
-def test_build_components_maps_sections() -> None:
-    config = load_config(
-        None,
-        [
-            "generator.temperature=0.6",
-            "generator.max_generate_length=64",
-            "generator.stop=[</a>]",
-            "generator.eval_temperature=0",
-            "algorithm.eps_clip_high=0.28",
-            "algorithm.loss_reduction=seq_mean_token_sum_norm",
-            "algorithm.grpo_norm_by_std=false",
-            "algorithm.use_kl_in_reward=true",
-            "algorithm.kl_coef=0.05",
-            "off_policy.tis_ratio_type=token",
-        ],
-    )
-    parts = build_components(config)
-    assert parts.sampling_params == SamplingParams(max_tokens=64, temperature=0.6, stop=("</a>",))
-    assert parts.eval_sampling_params.temperature == 0.0
-    assert parts.eval_sampling_params.max_tokens == 64
-    assert parts.advantage == AdvantageConfig(grpo_norm_by_std=False)
-    assert isinstance(parts.policy_loss, PolicyLossConfig)
-    assert parts.policy_loss.eps_clip_high == pytest.approx(0.28)
-    assert parts.policy_loss.max_seq_len == 64
-    assert parts.policy_loss.off_policy_correction.tis_ratio_type == "token"
-    assert isinstance(parts.kl_controller, FixedKLController)
-    assert parts.kl_controller.value == pytest.approx(0.05)
-    assert parts.logprob_temperature == pytest.approx(0.6)
-    assert build_components(Config()).kl_controller is None
-
-
 # -------------------------------------------------------------------------------------------- validate
 
 
@@ -287,6 +254,19 @@ def test_algorithm_consistency(valid: Config) -> None:
     assert "choose one" in _errors(both)
     one_sample = _replace(valid, "generator", n_samples_per_prompt=1)
     assert "set generator.n_samples_per_prompt >= 2" in _errors(dataclasses.replace(one_sample, trainer=valid.trainer))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "maxrl"])
+def test_group_estimators_need_two_samples_per_prompt(valid: Config, estimator: str) -> None:
+    """A group of one gets advantage 0 from every group-relative estimator: one sample per prompt learns nothing."""
+    one_sample = _replace(
+        _replace(valid, "generator", n_samples_per_prompt=1), "algorithm", advantage_estimator=estimator
+    )
+    message = _errors(dataclasses.replace(one_sample, trainer=valid.trainer))
+    assert f"algorithm.advantage_estimator {estimator!r} compares samples of one prompt" in message
+    assert "use reinforce++ for one sample per prompt" in message
+    reinforce = _replace(one_sample, "algorithm", advantage_estimator="reinforce++")
+    validate(dataclasses.replace(reinforce, trainer=valid.trainer))
 
 
 def test_gae_with_a_critic(valid: Config, tmp_path: Path) -> None:
@@ -344,6 +324,61 @@ def test_generator_engine_and_trainer_checks(valid: Config) -> None:
     assert "named global_step_N" in _errors(_replace(valid, "trainer", resume_mode="from_path", resume_path="/x/ckpt"))
     assert "No registered env with id: gsm8kk" in _errors(_replace(valid, "environment", env_class="gsm8kk"))
     assert "num_training_workers=1" in _errors(_replace(valid, "trainer", num_training_workers=2))
+
+
+@pytest.mark.parametrize(
+    ("section", "changes", "message"),
+    [
+        ("trainer", {"backend": "fsdp"}, "trainer.backend 'fsdp' is not supported yet"),
+        ("trainer", {"num_training_workers": 2}, "trainer.num_training_workers=2 is not supported yet"),
+        ("inference", {"num_engines": 2}, "inference.num_engines=2 is not supported yet"),
+        ("inference", {"tensor_parallel_size": 2}, "inference.tensor_parallel_size=2 is not supported yet"),
+        (
+            "inference",
+            {"engine": "remote", "remote_urls": ["http://a:8000", "http://b:8000"]},
+            "inference.remote_urls lists 2 servers; more than one is not supported yet",
+        ),
+    ],
+)
+def test_keys_of_later_issues_are_rejected_until_they_work(
+    valid: Config, section: str, changes: dict[str, object], message: str
+) -> None:
+    errors = _errors(_replace(valid, section, **changes))
+    assert message in errors
+    assert "skyrl-train on Ray" in errors
+    key = message.split()[0].split("=")[0]
+    default = getattr(getattr(Config(), section), key.split(".")[1])
+    if not isinstance(default, list):  # the message says what to set instead
+        assert f"set {key}={default}" in errors
+
+
+def test_training_temperature_must_be_positive(valid: Config) -> None:
+    message = _errors(_replace(valid, "generator", temperature=0.0))
+    assert "generator.temperature must be > 0, got 0.0" in message
+    assert "generator.eval_temperature=0" in message  # greedy decoding stays available for evaluation
+    validate(_replace(valid, "generator", eval_temperature=0.0))
+    assert "generator.eval_temperature must be >= 0" in _errors(_replace(valid, "generator", eval_temperature=-1.0))
+
+
+@pytest.mark.parametrize(
+    ("override", "replacement"),
+    [
+        ("trainer.eval_batch_size=64", "generator.max_concurrent_trajectories"),
+        ("generator.use_conversation_multi_turn=false", "its own message"),
+    ],
+)
+def test_removed_keys_say_what_replaces_them(override: str, replacement: str) -> None:
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} was removed") as info:
+        load_config(None, [override])
+    assert replacement in str(info.value)
+
+
+def test_lora_target_modules_must_name_modules(valid: Config) -> None:
+    assert "model.lora_target_modules names no module" in _errors(
+        _replace(valid, "model", lora_rank=4, lora_target_modules=" , ")
+    )
+    validate(_replace(valid, "model", lora_rank=4, lora_target_modules="q_proj,v_proj"))
 
 
 def test_optional_packages_checked_up_front(valid: Config, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,3 +46,35 @@ def test_concat_keeps_groups_of_different_parts_apart() -> None:
     assert joined.batch.response_length == 4
     assert joined.sequence_rewards.tolist() == [0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
     assert joined.trajectory_ids == ["a:0", "a:1", "b:0", "b:1", "a:0", "a:1"]
+
+
+def test_failed_rows_stay_in_their_prompts_group_and_are_marked() -> None:
+    output = _output(["a", "a", "a", "b", "b"], [1.0, 0.0, 0.0, 1.0, 0.0])
+    output.stop_reasons = ["stop", "env_error", "stop", "timeout", "length"]
+    experience = to_experience(output, pad_token_id=0)
+    assert experience.group_index.tolist() == [0, 0, 0, 1, 1]  # mini-batches are made of whole prompts
+    assert experience.failed.tolist() == [False, True, False, True, False]
+    assert experience.num_groups == 2
+
+
+def test_a_failed_row_without_a_prompt_gets_one_pad_token() -> None:
+    """An env that fails before its prompt is rendered leaves no prompt tokens; the row still collates."""
+    output = _output(["a", "a"], [1.0, 0.0])
+    output.prompt_token_ids = [[1, 2], []]
+    output.response_ids, output.loss_masks, output.rewards = [[3, 3], []], [[1, 1], []], [[0.0, 1.0], []]
+    output.stop_reasons = ["stop", "env_error"]
+    experience = to_experience(output, pad_token_id=0)
+    assert experience.batch.input_ids.shape[0] == 2
+    assert experience.batch.response_mask[1].sum() == 0
+    output.stop_reasons = ["stop", "stop"]
+    with pytest.raises(ValueError, match="at least one token"):  # a healthy row without a prompt is a bug
+        to_experience(output, pad_token_id=0)
+
+
+def test_missing_rollout_log_probs_are_absent_not_zeros() -> None:
+    experience = to_experience(_output(["a", "a"], [1.0, 0.0]), pad_token_id=0)
+    assert "rollout_log_probs" not in experience.batch.tensors
+    output = _output(["a", "a"], [1.0, 0.0])
+    output.rollout_logprobs = [[-0.5, -0.25], [-1.0, -2.0]]
+    reported = to_experience(output, pad_token_id=0).batch.tensors["rollout_log_probs"]
+    assert reported.tolist() == [[-0.5, -0.25], [-1.0, -2.0]]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -257,3 +260,46 @@ def test_one_mini_batch_step_reuses_the_update_forward_on_one_compute_thread(
     assert forwards == 0  # the old log-probs came from the update's forward pass
     assert metrics["policy/optimizer_steps"] == 1.0
     assert metrics["policy/rollout_logprob_gap"] < 1e-3  # engine and training forward agree
+
+
+def test_session_start_seeds_python_numpy_and_torch(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = resolve(_config(tiny_model_dir, tmp_path / "data", tmp_path / "run", "trainer.seed=1234"))
+    draws = []
+    for _ in range(2):
+        random.seed(0)
+        np.random.seed(0)
+        torch.manual_seed(0)
+        _Session(config)
+        draws.append((random.random(), np.random.random(), torch.rand(1).item()))
+    assert draws[0] == draws[1]
+    assert draws[0][0] == random.Random(1234).random()
+    assert draws[0][1] == np.random.RandomState(1234).random_sample()
+    assert draws[0][2] == torch.rand(1, generator=torch.Generator().manual_seed(1234)).item()
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "cosine"])
+def test_decaying_lr_schedules_reach_zero_at_the_end_of_the_run(
+    scheduler: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # 2 steps x 2 mini-batches = 4 optimizer steps; each step logs the mean lr of its two optimizer steps.
+    extra = (f"optim.scheduler={scheduler}", "trainer.max_training_steps=2", "trainer.eval_before_train=false")
+    result = run(_config(tiny_model_dir, tmp_path / "data", tmp_path / "run", *extra))
+    assert result.global_step == 2
+    metrics = _metrics(result.run_dir)
+    if scheduler == "linear":
+        factors = [1.0, 0.75, 0.5, 0.25]
+    else:
+        factors = [0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(4)]
+    for step, pair in ((1, factors[:2]), (2, factors[2:])):
+        assert metrics[step]["policy/lr"] == pytest.approx(1e-3 * sum(pair) / 2)
+
+
+def test_export_interval_exports_every_n_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
+    extra = ("trainer.export_interval=2", "trainer.max_training_steps=3", "trainer.eval_before_train=false")
+    result = run(_config(tiny_model_dir, tmp_path / "data", tmp_path / "run", *extra))
+    exports = result.run_dir / "exports"
+    assert sorted(p.name for p in exports.iterdir()) == ["global_step_2", "global_step_3"]  # step 2, then the end
+    assert result.export == exports / "global_step_3"
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(exports / "global_step_2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -13,14 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from skyrl_train.algorithms import PolicyLossConfig
+from skyrl_train.algorithms import OffPolicyCorrectionConfig, PolicyLossConfig, loss_weights
 from skyrl_train.backends import BackendConfig, LossFn, TorchBackend, TrainingBatch
 from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.data.dataset import PromptRecord
 from skyrl_train.dynamic_sampling import DynamicSamplingError
 from skyrl_train.generators.base import GeneratorInput, GeneratorOutput
 from skyrl_train.inference.base import GenerationOutput, SamplingParams
-from skyrl_train.objective import Objective
+from skyrl_train.objective import Objective, add_token_weights
 from skyrl_train.trainer import LoopSettings, Trainer
 
 N = 2  # samples per prompt
@@ -295,3 +296,113 @@ def test_loop_work_runs_on_the_compute_thread_with_the_same_results(tiny_model_d
     assert len(trained) == 1
     for key in ("policy/loss", "policy/grad_norm", "policy/rollout_logprob_gap", "reward/mean"):
         assert metrics[key] == expected[key], key
+
+
+# -- metrics and guards of the update ---------------------------------------------------------------------------
+
+
+class UnevenLengths(VariedScriptedRewards):
+    """Odd samples answer in one token: a group's advantages no longer cancel in a token mean (pg_loss ≠ 0)."""
+
+    async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
+        output = await super().generate(batch)
+        odd = [int(t.rsplit(":", 1)[1]) % 2 == 1 for t in batch.trajectory_ids]
+
+        def cut(rows: list[list[Any]]) -> list[list[Any]]:
+            return [row[-1:] if short else row for row, short in zip(rows, odd, strict=True)]
+
+        assert output.rollout_logprobs is not None
+        return dataclasses.replace(
+            output,
+            response_ids=cut(output.response_ids),
+            loss_masks=cut(output.loss_masks),
+            rewards=cut(output.rewards),
+            rollout_logprobs=cut(output.rollout_logprobs),
+        )
+
+
+def _uneven_step(model_dir: Path, micro_train_rows: int) -> dict[str, float]:
+    trainer, _ = _trainer(model_dir, set(), (micro_train_rows, 8))
+    trainer.generator = UnevenLengths(set())
+    return asyncio.run(trainer.train_step(_prompts("p0", "p1")))
+
+
+def test_pg_loss_does_not_depend_on_the_micro_batch_size(tiny_model_dir: Path) -> None:
+    """The micro-batch losses are shares of the batch loss: the metric adds them up (it averaged them once)."""
+    whole = _uneven_step(tiny_model_dir, 4)
+    split = _uneven_step(tiny_model_dir, 1)
+    assert whole["policy/pg_loss"] != 0.0
+    assert split["policy/pg_loss"] == pytest.approx(whole["policy/pg_loss"], rel=1e-5)
+    assert split["policy/loss"] == pytest.approx(whole["policy/loss"], rel=1e-5)
+
+
+def test_optimizer_steps_skipped_for_a_non_finite_gradient_are_counted(tiny_model_dir: Path) -> None:
+    trainer, _ = _trainer(tiny_model_dir, set(), policy_mini_batch_size=1)
+    trainer.generator = VariedScriptedRewards(set())
+    policy = trainer.policy
+    assert isinstance(policy, TorchBackend)
+    optim_step = policy.optim_step
+    calls = 0
+
+    def poisoned_optim_step() -> dict[str, float]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the first of the two mini-batches gets an inf gradient
+            next(p for p in policy.model.parameters() if p.grad is not None).grad.fill_(math.inf)  # type: ignore[union-attr]
+        return optim_step()
+
+    policy.optim_step = poisoned_optim_step  # type: ignore[method-assign]
+    metrics = asyncio.run(trainer.train_step(_prompts("p0", "p1")))
+    assert metrics["policy/optimizer_steps"] == 2.0
+    assert metrics["policy/skipped_steps"] == 1.0
+    clean = asyncio.run(trainer.train_step(_prompts("p0", "p1")))
+    assert clean["policy/skipped_steps"] == 0.0
+
+
+class WithoutLogprobs(VariedScriptedRewards):
+    """Rollouts from an engine that reports no log-probs."""
+
+    async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
+        return dataclasses.replace(await super().generate(batch), rollout_logprobs=None)
+
+
+def test_missing_rollout_log_probs_fail_a_step_that_corrects_with_them(tiny_model_dir: Path) -> None:
+    trainer, trained = _trainer(tiny_model_dir, set())
+    trainer.generator = WithoutLogprobs(set())
+    metrics = asyncio.run(trainer.train_step(_prompts("p0", "p1")))  # nothing needs them: the step runs
+    assert "policy/rollout_logprob_gap" not in metrics
+    assert len(trained) == 1
+    trainer.objective = Objective(
+        policy_loss_type="regular",
+        policy_loss=PolicyLossConfig(off_policy_correction=OffPolicyCorrectionConfig(tis_ratio_type="token")),
+    )
+    with pytest.raises(ValueError, match=r"off_policy correction needs the inference engine's log-probs"):
+        asyncio.run(trainer.train_step(_prompts("p0", "p1")))
+    assert len(trained) == 1  # it failed before any model work
+
+
+def test_the_value_loss_is_a_token_mean_whatever_the_policy_reduction() -> None:
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    batch = TrainingBatch(
+        input_ids=torch.ones(2, 5, dtype=torch.long),
+        attention_mask=torch.ones(2, 5, dtype=torch.long),
+        response_mask=mask,
+    )
+    objective = Objective(policy_loss_type="regular", policy_loss=PolicyLossConfig(loss_reduction="sequence_mean"))
+    add_token_weights(batch, torch.tensor([0, 0]), objective)
+    assert torch.equal(batch.tensors["token_weights"], loss_weights(mask, "sequence_mean"))
+    assert torch.equal(batch.tensors["value_token_weights"], mask / 4)
+
+
+def test_a_mini_batch_with_nothing_to_learn_keeps_the_lr_schedule_without_touching_the_weights(
+    tiny_model_dir: Path,
+) -> None:
+    trainer, trained = _trainer(tiny_model_dir, flat={"p0", "p1"}, zero_variance_filter=True, policy_mini_batch_size=1)
+    policy = trainer.policy
+    assert isinstance(policy, TorchBackend)
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    metrics = asyncio.run(trainer.train_step(_prompts("p0", "p1")))
+    assert metrics["policy/optimizer_steps"] == 0.0
+    assert not trained
+    assert policy.scheduler.last_epoch == 2  # both mini-batches advanced the schedule
+    assert all(torch.equal(p, before[name]) for name, p in policy.model.named_parameters())

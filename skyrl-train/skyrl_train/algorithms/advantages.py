@@ -11,6 +11,13 @@ Shapes and dtypes shared by all estimators:
 - ``group_index``: ``[B]`` int64 prompt-group id (``group_index_from_uids``); rows sampled from one prompt share it.
 - ``values``: ``[B, T]`` float critic values (GAE only).
 - Returned ``(advantages, returns)``: two ``[B, T]`` float tensors, zero wherever ``response_mask`` is 0.
+
+Failed trajectories. A row that failed (env error, engine error, timeout) carries no reward signal: its 0 reward
+must not pull its group's baseline down. :func:`estimate_advantages` runs an estimator on the surviving rows only
+and gives failed rows advantage and return 0, so every estimator sees a group reduced by failures as a smaller
+group. The group-relative estimators (``grpo``, ``rloo``, ``maxrl``) give a group of fewer than two rows
+advantage 0: one sample has nothing to be compared with (``zero_variance_rows`` calls such a group zero-variance,
+for the same reason).
 """
 
 from __future__ import annotations
@@ -116,20 +123,17 @@ def grpo_advantages(
 
     Each row's score is its summed reward ``R_i``; ``Â_i = (R_i − mean_g) / (std_g + ε)`` with the unbiased std of
     its prompt group, broadcast to every valid token. ``grpo_norm_by_std=False`` gives Dr.GRPO's ``R_i − mean_g``
-    (Liu et al., arXiv 2503.20783). A group whose rewards are all equal gets advantage 0. A group of one row has no
-    baseline: its advantage is its raw reward (mean 0, std 1). Returns equal advantages.
+    (Liu et al., arXiv 2503.20783). A group whose rewards are all equal gets advantage 0, and so does a group of one
+    row, which has no baseline (see "Failed trajectories" in the module docstring). Returns equal advantages.
 
     Shapes: ``[B, T]`` float rewards and 0/1 mask, ``[B]`` int64 ``group_index`` → two ``[B, T]`` float32.
     """
     scores, groups = _outcome_scores(token_level_rewards, group_index, "grpo")
     mean, std, count = group_stats(scores, groups)
-    single = count < 2
-    mean = torch.where(single, torch.zeros_like(mean), mean)
-    advantage = scores - mean
+    advantage = scores - mean  # exactly 0 for a group of one
     if config.grpo_norm_by_std:
-        std = torch.where(single, torch.ones_like(std), std)
         advantage = advantage / (std + config.epsilon)
-    return _broadcast(advantage, response_mask)
+    return _broadcast(torch.where(count < 2, torch.zeros_like(advantage), advantage), response_mask)
 
 
 @register_advantage_estimator("rloo")
@@ -144,22 +148,16 @@ def rloo_advantages(
     """REINFORCE Leave-One-Out (Ahmadian et al., arXiv 2402.14740).
 
     The baseline of row ``i`` is the mean score of the *other* ``n − 1`` rows of its group:
-    ``Â_i = R_i − (Σ_j R_j − R_i) / (n − 1) = n/(n − 1) · (R_i − mean_g)``. Returns equal advantages.
+    ``Â_i = R_i − (Σ_j R_j − R_i) / (n − 1) = n/(n − 1) · (R_i − mean_g)``. A group of one row leaves nothing to
+    build its baseline from: advantage 0 (see "Failed trajectories" in the module docstring). Returns equal
+    advantages.
 
     Shapes: ``[B, T]`` float rewards and 0/1 mask, ``[B]`` int64 ``group_index`` → two ``[B, T]`` float32.
-
-    Raises:
-        ValueError: a group has a single row, which leaves nothing to build its baseline from.
     """
     scores, groups = _outcome_scores(token_level_rewards, group_index, "rloo")
     mean, _, count = group_stats(scores, groups)
-    if bool((count < 2).any()):
-        singles = sorted({int(g) for g in groups[(count < 2).to(groups.device)]})
-        raise ValueError(
-            f"'rloo' needs at least 2 samples per prompt; groups {singles} have 1. "
-            "Sample more responses per prompt or use the 'grpo' estimator"
-        )
-    return _broadcast(count / (count - 1) * (scores - mean), response_mask)
+    advantage = count / (count - 1).clamp(min=1) * (scores - mean)  # exactly 0 for a group of one
+    return _broadcast(advantage, response_mask)
 
 
 @register_advantage_estimator("reinforce++")
@@ -201,13 +199,45 @@ def maxrl_advantages(
 
     With 0/1 rewards ``mean_g`` estimates the prompt's pass rate ``p``; dividing by it turns the gradient of ``p``
     into that of ``log p``, weighting hard prompts up. Meant for rewards in ``[0, 1]``. A group that never succeeds
-    gets advantage 0. Returns equal advantages.
+    gets advantage 0, as does a group of one row. Returns equal advantages.
 
     Shapes: ``[B, T]`` float rewards and 0/1 mask, ``[B]`` int64 ``group_index`` → two ``[B, T]`` float32.
     """
     scores, groups = _outcome_scores(token_level_rewards, group_index, "maxrl")
     mean, _, _ = group_stats(scores, groups)
     return _broadcast((scores - mean) / (mean + config.epsilon), response_mask)
+
+
+def estimate_advantages(
+    estimator: AdvantageEstimator,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: AdvantageConfig,
+    *,
+    group_index: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``estimator`` over the ``valid`` rows only (``[B]`` bool, default all); the other rows get 0 and 0.
+
+    How the loop calls an estimator: failed trajectories (``valid`` False) then never enter a group's statistics or
+    a batch whitening (see "Failed trajectories" in the module docstring). Shapes as the estimators'.
+    """
+    if valid is None or bool(valid.all()):
+        return estimator(token_level_rewards, response_mask, config, group_index=group_index, values=values)
+    rows = valid.to(token_level_rewards.device).nonzero().squeeze(-1)
+    advantages = torch.zeros_like(token_level_rewards, dtype=torch.float32)
+    returns = torch.zeros_like(advantages)
+    if rows.numel():
+        live_advantages, live_returns = estimator(
+            token_level_rewards[rows],
+            response_mask[rows],
+            config,
+            group_index=None if group_index is None else group_index[rows.to(group_index.device)],
+            values=None if values is None else values[rows.to(values.device)],
+        )
+        advantages[rows], returns[rows] = live_advantages.float(), live_returns.float()
+    return advantages, returns
 
 
 def _outcome_scores(

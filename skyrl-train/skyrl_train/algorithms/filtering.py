@@ -24,17 +24,27 @@ DynamicSamplingType = Literal["filter", "replace"]
 """The dynamic sampling strategies: ``filter_groups`` and ``replace_groups``."""
 
 
-def zero_variance_rows(scores: torch.Tensor, group_index: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
-    """``[B]`` bool: True for rows whose group's rewards have std ≤ ``tol`` (a group of one row counts too)."""
-    _, std, _ = group_stats(scores.double(), group_index)  # float64: tol is far below float32 resolution near 1
+def zero_variance_rows(
+    scores: torch.Tensor, group_index: torch.Tensor, tol: float = 1e-6, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B]`` bool: True for rows whose group's rewards have std ≤ ``tol``.
+
+    Only ``valid`` rows (``[B]`` bool, default all; False marks failed trajectories) count, so a group left with
+    fewer than two valid rows is zero-variance: it has no spread to learn from (its advantage is 0 too).
+    """
+    _, std, _ = group_stats(scores.double(), group_index, valid)  # float64: tol is far below float32 resolution
     return std <= tol
 
 
 def mask_zero_variance_groups(
-    loss_mask: torch.Tensor, scores: torch.Tensor, group_index: torch.Tensor, tol: float = 1e-6
+    loss_mask: torch.Tensor,
+    scores: torch.Tensor,
+    group_index: torch.Tensor,
+    tol: float = 1e-6,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``loss_mask`` ``[B, T]`` with the rows of zero-variance groups set to 0 (the batch keeps its shape)."""
-    keep = ~zero_variance_rows(scores, group_index, tol).to(loss_mask.device)
+    keep = ~zero_variance_rows(scores, group_index, tol, valid).to(loss_mask.device)
     return loss_mask * keep.unsqueeze(-1).to(loss_mask.dtype)
 
 
@@ -48,15 +58,20 @@ class DynamicSamplingResult:
 
 
 def filter_groups(
-    scores: torch.Tensor, group_index: torch.Tensor, target_num_groups: int, tol: float = 1e-6
+    scores: torch.Tensor,
+    group_index: torch.Tensor,
+    target_num_groups: int,
+    tol: float = 1e-6,
+    valid: torch.Tensor | None = None,
 ) -> DynamicSamplingResult:
     """DAPO dynamic sampling, ``filter`` strategy: keep the first ``target_num_groups`` groups with reward variance.
 
     Groups keep their order of first appearance. If fewer informative groups exist, all are kept and
     ``num_groups_needed`` says how many are missing; the caller samples again (up to its ``max_sample_batches``)
-    and calls this on the accumulated batch.
+    and calls this on the accumulated batch. Variance is over the ``valid`` rows (see :func:`zero_variance_rows`);
+    a kept group keeps its failed rows.
     """
-    zero_variance = zero_variance_rows(scores, group_index, tol).tolist()
+    zero_variance = zero_variance_rows(scores, group_index, tol, valid).tolist()
     informative = [rows for rows in _rows_by_group(group_index) if not zero_variance[rows[0]]]
     kept = informative[:target_num_groups]
     return _result(kept, target_num_groups - len(kept), group_index.device)
@@ -68,15 +83,17 @@ def replace_groups(
     min_replace_ratio: float = 0.3,
     tol: float = 1e-6,
     generator: torch.Generator | None = None,
+    valid: torch.Tensor | None = None,
 ) -> DynamicSamplingResult:
     """Dynamic sampling, ``replace`` strategy: swap each zero-variance group for a random informative one.
 
     Replacement needs at least ``ceil(min_replace_ratio · G)`` informative groups out of ``G``; the result then has
     ``G`` groups again (the same number of rows when groups are equal-sized) and ``num_groups_needed == 0``. With
     fewer, only the informative groups are returned and ``num_groups_needed`` says how many more informative groups
-    the caller must sample before calling again.
+    the caller must sample before calling again. Variance is over the ``valid`` rows (see
+    :func:`zero_variance_rows`).
     """
-    zero_variance = zero_variance_rows(scores, group_index, tol).tolist()
+    zero_variance = zero_variance_rows(scores, group_index, tol, valid).tolist()
     groups = _rows_by_group(group_index)
     informative = [rows for rows in groups if not zero_variance[rows[0]]]
     required = max(math.ceil(min_replace_ratio * len(groups)), 1)

@@ -14,21 +14,27 @@ def group_index_from_uids(uids: Sequence[Hashable], device: torch.device | str |
     return torch.tensor(index, dtype=torch.long, device=device)
 
 
-def group_stats(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_stats(
+    scores: torch.Tensor, group_index: torch.Tensor, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean, unbiased standard deviation and size of each row's prompt group, broadcast back to the rows.
 
     Args:
         scores: ``[B]`` float, one scalar per row (e.g. the sequence reward).
         group_index: ``[B]`` integer group id per row; ids need not be contiguous.
+        valid: ``[B]`` bool, the rows that count (default all). Rows at False (failed trajectories) take no part
+            in any group's statistics; they are given the statistics of the valid rows of their group.
 
     Returns:
-        ``(mean, std, count)``, each ``[B]`` with ``scores``' dtype. A group of one has std 0.
+        ``(mean, std, count)``, each ``[B]`` with ``scores``' dtype; ``count`` counts valid rows only. A group with
+        one valid row has std 0; one with none has mean 0, std 0 and count 0.
     """
     _, group = torch.unique(group_index.to(scores.device), return_inverse=True)
     num_groups = int(group.max()) + 1 if group.numel() else 0
+    weight = torch.ones_like(scores) if valid is None else valid.to(scores.device, scores.dtype)
     zeros = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
-    count = zeros.index_add(0, group, torch.ones_like(scores))
-    mean = zeros.index_add(0, group, scores) / count
-    squared_error = zeros.index_add(0, group, (scores - mean[group]) ** 2)
+    count = zeros.index_add(0, group, weight)
+    mean = zeros.index_add(0, group, scores * weight) / count.clamp(min=1)
+    squared_error = zeros.index_add(0, group, (scores - mean[group]) ** 2 * weight)
     std = (squared_error / (count - 1).clamp(min=1)).sqrt()
     return mean[group], std[group], count[group]

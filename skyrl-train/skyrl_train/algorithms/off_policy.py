@@ -107,8 +107,13 @@ def apply_off_policy_correction(
     rollout_log_probs: torch.Tensor | None,
     loss_mask: torch.Tensor,
     config: OffPolicyCorrectionConfig,
+    *,
+    tis: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Weight and mask a per-token loss ``[B, T]`` as ``config`` says; returns it with ``off_policy/*`` metrics.
+
+    ``tis=False`` applies the sequence and outlier masks only, not the TIS weight: for a loss whose ratio is
+    already taken against the rollout log-probs (CISPO's ``rollout`` anchor), which is the IS correction itself.
 
     Raises:
         ValueError: a correction is configured but ``rollout_log_probs`` is None.
@@ -119,7 +124,7 @@ def apply_off_policy_correction(
         raise ValueError("off-policy correction is configured but no rollout_log_probs were given")
     log_ratio = old_log_probs - rollout_log_probs
     metrics = {"off_policy/is_ratio_mean": masked_mean(log_ratio.detach().exp(), loss_mask).item()}
-    if config.tis_ratio_type is not None:
+    if tis and config.tis_ratio_type is not None:
         token = config.tis_ratio_type == "token"
         clip_high = config.token_tis_ratio_clip_high if token else config.sequence_tis_ratio_clip_high
         weights = truncated_is_weights(log_ratio, loss_mask, config.tis_ratio_type, clip_high)

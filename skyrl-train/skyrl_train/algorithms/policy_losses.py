@@ -223,7 +223,7 @@ def cispo_loss(
     ``L_t = −sg[clip(r_t, 1 − ε_low, 1 + ε_high)] · Â_t · log π_θ(y_t)``: the importance weight is clipped and
     detached instead of the update, so every token keeps a REINFORCE gradient. With ``cispo_anchor="rollout"`` the
     ratio is taken against ``rollout_log_probs``, which already corrects for the engine mismatch, so the configured
-    off-policy correction is not applied on top.
+    TIS weight is not applied on top; the configured sequence and outlier masks still are.
 
     Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
     """
@@ -246,7 +246,7 @@ def cispo_loss(
         rollout_log_probs,
         token_weights,
         metrics,
-        correct=cispo.cispo_anchor == "old",
+        tis=cispo.cispo_anchor == "old",
     )
 
 
@@ -446,14 +446,12 @@ def _correct_and_reduce(
     rollout_log_probs: torch.Tensor | None,
     token_weights: torch.Tensor | None,
     metrics: dict[str, float],
-    correct: bool = True,
+    tis: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The shared tail of the RL losses: off-policy correction (unless ``correct`` is False), then the reduction."""
-    correction_metrics: dict[str, float] = {}
-    if correct:
-        token_loss, correction_metrics = apply_off_policy_correction(
-            token_loss, old_log_probs, rollout_log_probs, loss_mask, config.off_policy_correction
-        )
+    """The shared tail of the RL losses: off-policy correction (its TIS weight only if ``tis``), the reduction."""
+    token_loss, correction_metrics = apply_off_policy_correction(
+        token_loss, old_log_probs, rollout_log_probs, loss_mask, config.off_policy_correction, tis=tis
+    )
     loss = reduce_loss(
         token_loss, loss_mask, config.loss_reduction, token_weights=token_weights, max_seq_len=config.max_seq_len
     )

@@ -67,7 +67,10 @@ LossFn = Callable[[ModelOutput, TrainingBatch], tuple[torch.Tensor, dict[str, fl
 """``loss_fn(model_output, micro_batch) -> (loss, metrics)``.
 
 The loss must already be scaled for accumulation (e.g. through ``token_weights`` computed over the whole
-mini-batch), so the backend simply sums the gradients of the micro-batch losses.
+mini-batch), so the backend simply sums the gradients of the micro-batch losses. Metrics whose name ends in
+``_loss`` are such shares too (e.g. ``policy/pg_loss``, the policy-loss part of ``loss``): the backend sums them
+over micro-batches, as it sums ``loss``. Every other metric is a mean over the micro-batch's tokens; the backend
+averages it over micro-batches weighted by their ``response_mask`` tokens.
 """
 
 

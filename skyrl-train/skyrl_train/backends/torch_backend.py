@@ -172,9 +172,9 @@ class TorchBackend:
     ) -> dict[str, float]:
         """Add the gradients of ``loss_fn`` over the batch's micro-batches to the parameters' ``.grad``.
 
-        Returns the loss function's metrics averaged over micro-batches, each weighted by its number of
-        ``response_mask`` tokens, and ``loss``: the sum of the micro-batch losses (they are pre-scaled, so the sum
-        is the batch loss).
+        Returns the loss function's metrics combined over micro-batches as ``LossFn`` says (``*_loss`` shares
+        summed, the rest weighted by ``response_mask`` tokens), and ``loss``: the sum of the micro-batch losses
+        (they are pre-scaled, so the sum is the batch loss).
 
         Raises:
             ValueError: the batch is not a multiple of ``micro_train_batch_size`` (without a token budget).
@@ -194,7 +194,7 @@ class TorchBackend:
             torch.autograd.backward(loss)
             total_loss += float(loss.detach())
             weighted.append((float(micro_batch.response_mask.sum()), metrics))
-        return {**_weighted_mean(weighted), "loss": total_loss}
+        return {**_combine_metrics(weighted), "loss": total_loss}
 
     @_on_compute_thread
     def optim_step(self) -> dict[str, float]:
@@ -386,8 +386,12 @@ def _concat_outputs(outputs: list[ModelOutput], device: torch.device) -> ModelOu
     )
 
 
-def _weighted_mean(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """Mean of each metric over micro-batches, weighted by their token counts (uniform if all counts are 0)."""
+def _combine_metrics(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Micro-batch metrics → the batch's: ``*_loss`` shares summed, the rest weighted by token counts.
+
+    A token-weighted mean of loss shares would come out too small by about the number of micro-batches (each
+    share is already scaled by the whole batch's token count). Means are uniform when every count is 0.
+    """
     if not weighted:
         return {}
     if sum(w for w, _ in weighted) <= 0:
@@ -396,9 +400,13 @@ def _weighted_mean(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, 
     weights: dict[str, float] = {}
     for weight, metrics in weighted:
         for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + weight * float(value)
+            additive = name.endswith("_loss")
+            totals[name] = totals.get(name, 0.0) + (1.0 if additive else weight) * float(value)
             weights[name] = weights.get(name, 0.0) + weight
-    return {name: totals[name] / weights[name] if weights[name] > 0 else 0.0 for name in totals}
+    return {
+        name: total if name.endswith("_loss") else (total / weights[name] if weights[name] > 0 else 0.0)
+        for name, total in totals.items()
+    }
 
 
 def _rng_state() -> dict[str, Any]:

@@ -73,7 +73,10 @@ class VLLMEngineConfig:
     max_model_len: int | None = None  # prompt + completion tokens at most; None: the model's limit
     gpu_memory_utilization: float | None = None  # share of device memory (RAM on CPU); None: 0.9 GPU, 0.3 CPU
     kv_cache_memory_bytes: int | None = None  # explicit KV-cache size in bytes; overrides the share above
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # GPUs the model is split over
+    max_num_seqs: int | None = None  # sequences scheduled at once; None: vLLM's default
+    max_num_batched_tokens: int | None = None  # tokens per scheduler step; None: vLLM's default
+    enable_prefix_caching: bool | None = None  # reuse the KV cache of shared prefixes; None: vLLM's default
     enforce_eager: bool | None = None  # no CUDA graphs; None: True on CPU, False on GPU
     multiprocessing: bool | None = None  # engine core in child processes; None: False on CPU, True on GPU
     weight_transport: WeightTransport = "auto"  # "auto": "direct" in-process, else "file"
@@ -264,24 +267,8 @@ class VLLMEngine:
         multiprocessing = self.config.multiprocessing
         if multiprocessing is None:
             multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if on_cpu else "1") == "1"
-        kwargs: dict[str, Any] = {
-            "model": self.model_path,
-            "dtype": self.config.dtype,
-            "max_model_len": self.config.max_model_len,
-            "tensor_parallel_size": self.config.tensor_parallel_size,
-            "enforce_eager": on_cpu if self.config.enforce_eager is None else self.config.enforce_eager,
-            "seed": self.config.seed,
-            "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": EXTENSION_CLASS,
-        }
-        if self.config.kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = self.config.kv_cache_memory_bytes
-        else:
-            default_share = 0.3 if on_cpu else 0.9
-            kwargs["gpu_memory_utilization"] = self.config.gpu_memory_utilization or default_share
-        kwargs.update(self.config.engine_kwargs)
         with _environment("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0"):
-            llm = LLM(**kwargs)
+            llm = LLM(**llm_kwargs(self.model_path, self.config, on_cpu=on_cpu))
         if self.weight_transport == "auto":
             self.weight_transport = "direct" if _in_process_worker(llm) else "file"
         return llm
@@ -341,6 +328,32 @@ class VLLMEngine:
                 _fail(command.requests, closed)
             elif isinstance(command, _Call):
                 _set(command.future, closed)
+
+
+def llm_kwargs(model_path: str, config: VLLMEngineConfig, *, on_cpu: bool) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``config`` on a CPU (``on_cpu``) or GPU platform.
+
+    Options left ``None`` are not passed, so vLLM picks its own default; ``config.engine_kwargs`` come last and win.
+    """
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "dtype": config.dtype,
+        "max_model_len": config.max_model_len,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "enforce_eager": on_cpu if config.enforce_eager is None else config.enforce_eager,
+        "seed": config.seed,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": EXTENSION_CLASS,
+    }
+    if config.kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+    else:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
+    for name in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
+        if getattr(config, name) is not None:
+            kwargs[name] = getattr(config, name)
+    kwargs.update(config.engine_kwargs)
+    return kwargs
 
 
 def to_vllm_params(params: SamplingParams, seed: int | None, detokenize: bool) -> Any:

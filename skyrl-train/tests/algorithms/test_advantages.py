@@ -7,6 +7,8 @@ import torch
 
 from skyrl_train.algorithms import (
     AdvantageConfig,
+    AdvantageEstimator,
+    estimate_advantages,
     gae_advantages,
     get_advantage_estimator,
     group_index_from_uids,
@@ -77,10 +79,52 @@ def test_dr_grpo_only_subtracts_the_group_mean() -> None:
     assert per_row(advantages, mask) == pytest.approx([1 / 3, -2 / 3, 1 / 3, 0.0, 0.0], abs=1e-6)
 
 
-def test_grpo_single_row_group_keeps_its_raw_reward() -> None:
-    rewards, mask = outcome_rewards([0.7], [2])
-    advantages, _ = grpo_advantages(rewards, mask, CONFIG, group_index=torch.tensor([0]))
-    assert per_row(advantages, mask) == pytest.approx([0.7 / (1 + 1e-6)])
+@pytest.mark.parametrize("estimator", [grpo_advantages, rloo_advantages, maxrl_advantages])
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_group_estimators_give_a_group_of_one_no_advantage(estimator: AdvantageEstimator, norm_by_std: bool) -> None:
+    """One sample has no baseline: every group-relative estimator gives it 0 (not its raw reward, not an error)."""
+    rewards, mask = outcome_rewards([1.0, 0.0, 0.7], [1, 1, 2])
+    config = AdvantageConfig(grpo_norm_by_std=norm_by_std)
+    advantages, returns = estimator(rewards, mask, config, group_index=torch.tensor([0, 0, 9]))
+    assert per_row(advantages, mask)[2] == 0.0
+    assert per_row(advantages, mask)[0] != 0.0
+    assert torch.equal(advantages, returns)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "maxrl", "reinforce++"])
+def test_failed_rows_take_no_part_in_the_statistics(name: str) -> None:
+    """A group reduced by failures is the smaller group: same advantages as if the failed rows never existed."""
+    rewards, mask = outcome_rewards([1.0, 0.0, 0.0, 1.0, 0.0, 0.5], [2, 3, 1, 2, 2, 1])
+    mask[2] = 0  # the failed rows' loss masks are zero, as the generator leaves them
+    mask[4] = 0
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    valid = torch.tensor([True, True, False, True, False, True])
+    estimator = get_advantage_estimator(name)
+    advantages, returns = estimate_advantages(estimator, rewards, mask, CONFIG, group_index=groups, valid=valid)
+    alone, alone_returns = estimator(rewards[valid], mask[valid], CONFIG, group_index=groups[valid])
+    assert torch.equal(advantages[valid], alone)
+    assert torch.equal(returns[valid], alone_returns)
+    assert bool((advantages[~valid] == 0).all())
+    assert bool((returns[~valid] == 0).all())
+
+
+def test_a_group_left_with_one_row_by_failures_gets_no_advantage() -> None:
+    rewards, mask = outcome_rewards([1.0, 0.0, 0.0, 1.0, 0.0], [1, 1, 1, 1, 1])
+    valid = torch.tensor([True, False, False, True, True])
+    advantages, _ = estimate_advantages(
+        grpo_advantages, rewards, mask, CONFIG, group_index=torch.tensor([0, 0, 0, 1, 1]), valid=valid
+    )
+    spread = 0.5 / (math.sqrt(0.5) + 1e-6)  # group 1: rewards 1 and 0, mean 0.5, unbiased std sqrt(0.5)
+    assert per_row(advantages, mask) == pytest.approx([0.0, 0.0, 0.0, spread, -spread])
+
+
+def test_every_row_failing_gives_zeros() -> None:
+    rewards, mask = outcome_rewards([0.0, 0.0], [1, 2])
+    advantages, returns = estimate_advantages(
+        grpo_advantages, rewards, mask, CONFIG, group_index=torch.tensor([0, 0]), valid=torch.tensor([False, False])
+    )
+    assert bool((advantages == 0).all())
+    assert bool((returns == 0).all())
 
 
 def test_outcome_estimators_need_group_index() -> None:
@@ -94,12 +138,6 @@ def test_rloo_uses_the_mean_of_the_other_samples() -> None:
     advantages, _ = rloo_advantages(rewards, mask, CONFIG, group_index=torch.tensor([0, 0, 0, 0, 1, 1]))
     # row 0: 1 − (0 + 0 + 1)/3; row 1: 0 − (1 + 0 + 1)/3; row 4: 3 − 1; row 5: 1 − 3
     assert per_row(advantages, mask) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, 2.0, -2.0], abs=1e-6)
-
-
-def test_rloo_rejects_a_group_of_one() -> None:
-    rewards, mask = outcome_rewards([1.0, 0.0, 1.0], [1, 1, 1])
-    with pytest.raises(ValueError, match=r"at least 2 samples per prompt; groups \[9\] have 1"):
-        rloo_advantages(rewards, mask, CONFIG, group_index=torch.tensor([0, 0, 9]))
 
 
 def test_maxrl_divides_by_the_group_pass_rate() -> None:

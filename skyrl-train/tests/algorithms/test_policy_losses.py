@@ -165,9 +165,31 @@ def test_cispo_rollout_anchor_takes_the_ratio_against_engine_logprobs() -> None:
     )
     loss, metrics = cispo_loss(log_probs, old, row(1.0), row(1.0), config, rollout)
     assert loss.item() == pytest.approx(-2.0 * math.log(0.6))  # ratio 0.6/0.3 = 2, no TIS on top
-    assert not any(key.startswith("off_policy/") for key in metrics)
+    assert "off_policy/tis_weight_mean" not in metrics
     with pytest.raises(ValueError, match="rollout_log_probs"):
         cispo_loss(log_probs, old, row(1.0), row(1.0), config)
+
+
+@pytest.mark.parametrize(
+    "correction",
+    [
+        OffPolicyCorrectionConfig(sequence_mask_metric="geometric"),
+        OffPolicyCorrectionConfig(outlier_token_is_threshold_low=0.5),
+        OffPolicyCorrectionConfig(tis_ratio_type="token", sequence_mask_metric="product"),
+    ],
+)
+def test_cispo_rollout_anchor_keeps_the_sequence_and_outlier_masks(correction: OffPolicyCorrectionConfig) -> None:
+    """Row 0 matches its rollout; row 1's trainer log-prob is far below the engine's: the masks drop row 1."""
+    old = torch.log(torch.tensor([[0.5], [0.1]], dtype=torch.float64))
+    rollout = torch.log(torch.tensor([[0.5], [0.5]], dtype=torch.float64))
+    log_probs = torch.log(torch.tensor([[0.5], [0.5]], dtype=torch.float64)).requires_grad_()
+    advantages, mask = torch.ones(2, 1, dtype=torch.float64), torch.ones(2, 1, dtype=torch.float64)
+    config = PolicyLossConfig(cispo=CISPOConfig(cispo_anchor="rollout"), off_policy_correction=correction)
+    loss, metrics = cispo_loss(log_probs, old, advantages, mask, config, rollout)
+    (gradient,) = torch.autograd.grad(loss, log_probs)
+    assert float(gradient[1, 0]) == 0.0  # the drifted sequence is masked out
+    assert float(gradient[0, 0]) == pytest.approx(-0.5)  # ratio 1 · advantage 1 / 2 tokens
+    assert metrics["off_policy/seq_masked_frac"] == pytest.approx(0.5)
 
 
 def sigmoid(x: float) -> float:

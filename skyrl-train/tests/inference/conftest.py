@@ -94,13 +94,15 @@ class CompletionsServer:
     Implements what the remote engine uses of vLLM's server: ``GET /v1/models``, ``POST /v1/completions`` with
     token-id prompts (``return_token_ids``, ``return_tokens_as_token_ids``, ``logprobs``), and the dev routes
     ``/pause``, ``/resume``, ``/collective_rpc`` (method ``skyrl_load_weights_from_file``). ``fail_next``
-    answers that many completion requests with 503 first, to exercise client retries.
+    answers that many completion requests with 503 first, to exercise client retries; ``stall_s`` holds every
+    completion request that long before answering it, to exercise client timeouts.
     """
 
     def __init__(self, engine: LocalEngine, model_name: str = "tiny") -> None:
         self.engine = engine
         self.model_name = model_name
         self.fail_next = 0
+        self.stall_s = 0.0
         self.completion_requests = 0  # every POST /v1/completions, failed ones included
         self.in_flight = 0
         self.max_in_flight = 0
@@ -149,6 +151,8 @@ class CompletionsServer:
         from aiohttp import web
 
         self.completion_requests += 1
+        if self.stall_s > 0:
+            await asyncio.sleep(self.stall_s)
         if self.fail_next > 0:
             self.fail_next -= 1
             return web.json_response({"error": "overloaded"}, status=503)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,35 @@ def test_unreachable_server_fails_after_retries(prompts: list[list[int]]) -> Non
     config = RemoteEngineConfig(model="m", retry=FAST_RETRY, timeouts=Timeouts(connect=2.0, read=5.0))
     with pytest.raises(RemoteUnavailableError, match="3 times"):
         run(generate_and_close(RemoteEngine(f"http://127.0.0.1:{port}", config), prompts[:1], SamplingParams()))
+
+
+def test_request_timeout_s_bounds_a_stalled_request(completions_server, prompts: list[list[int]]) -> None:
+    from skyrl_train.config import load_config, resolve
+    from skyrl_train.inference.factory import create_engine
+    from skyrl_train.wiring import engine_settings
+
+    def remote_engine(timeout_s: float) -> InferenceEngine:
+        overrides = [
+            "inference.engine=remote",
+            f"inference.remote_urls=[{completions_server.url}]",
+            f"inference.request_timeout_s={timeout_s}",
+            f"model.path={completions_server.model_name}",
+        ]
+        settings = engine_settings(resolve(load_config(None, overrides)))
+        return create_engine(settings.kind, settings.model_path, **{**settings.options, "retry": FAST_RETRY})
+
+    completions_server.stall_s = 2.0  # the server answers every completion after 2 s
+    try:
+        before = completions_server.completion_requests
+        started = time.monotonic()
+        with pytest.raises(RemoteUnavailableError, match="Timeout"):
+            run(generate_and_close(remote_engine(0.2), prompts[:1], SamplingParams(max_tokens=2)))
+        assert time.monotonic() - started < 1.5  # three attempts of 0.2 s each, not one of 2 s
+        assert completions_server.completion_requests - before == 3
+        outputs = run(generate_and_close(remote_engine(10.0), prompts[:1], SamplingParams(max_tokens=2)))
+        assert len(outputs[0].token_ids) <= 2
+    finally:
+        completions_server.stall_s = 0.0
 
 
 def test_update_weights_needs_dev_mode(completions_server) -> None:

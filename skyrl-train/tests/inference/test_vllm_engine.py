@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,12 +25,33 @@ def run(coro):  # type: ignore[no-untyped-def]
 def engine(tiny_model_dir: Path) -> Iterator[InferenceEngine]:
     from skyrl_train.inference.vllm_engine import VLLMEngine, VLLMEngineConfig
 
-    # 128 MiB of KV cache is plenty for the tiny model and keeps RAM free on shared machines.
-    config = VLLMEngineConfig(dtype="float32", max_model_len=512, kv_cache_memory_bytes=128 * 2**20)
+    # 128 MiB of KV cache is plenty for the tiny model and keeps RAM free on shared machines. The scheduler
+    # options are not vLLM's defaults, so test_scheduler_options_reach_vllm can tell that they arrived.
+    config = VLLMEngineConfig(
+        dtype="float32",
+        max_model_len=512,
+        kv_cache_memory_bytes=128 * 2**20,
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        enable_prefix_caching=False,
+    )
     vllm_engine = VLLMEngine(tiny_model_dir, config)
     run(vllm_engine.wait_ready())
     yield vllm_engine
     run(vllm_engine.close())
+
+
+def test_scheduler_options_reach_vllm(engine: InferenceEngine) -> None:
+    from skyrl_train.inference.vllm_engine import VLLMEngine
+
+    assert isinstance(engine, VLLMEngine)
+
+    def read(llm: Any) -> tuple[int, int, bool]:
+        config = llm.llm_engine.vllm_config
+        scheduler = config.scheduler_config
+        return scheduler.max_num_seqs, scheduler.max_num_batched_tokens, config.cache_config.enable_prefix_caching
+
+    assert run(engine.call(read)) == (16, 1024, False)
 
 
 def test_token_in_token_out(engine: InferenceEngine, prompts: list[list[int]]) -> None:

@@ -1,0 +1,297 @@
+"""The one place a resolved run config becomes the settings of every component of the run.
+
+Components take their own settings, never the root :class:`~skyrl_train.config.Config`; this module is the map
+between the two, so each config key is read here and nowhere else (but for the data, logging and seed keys, which
+``skyrl_train.run`` hands to the dataset, loader, tracker and global generators itself)::
+
+    parts = components_of(config, total_steps=training_steps(config.trainer, len(loader)))
+    policy = TorchBackend(parts.policy, compute)          # parts.ref and parts.critic alike; None: not built
+    engine = create_engine(parts.engine.kind, parts.engine.model_path, compute=compute, **parts.engine.options)
+    generator = SkyRLGymGenerator(engine, tokenizer, parts.generator)
+    trainer = Trainer(settings=parts.loop, objective=parts.objective, sampling_params=parts.sampling_params, ...)
+
+Nothing here loads a model, opens a file or starts a thread. Every value is a frozen settings object except the KL
+controller, the small stateful object that adapts ``beta`` during the run (a fresh one per call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from skyrl_train.algorithms import AdvantageConfig, KLController, make_kl_controller
+from skyrl_train.algorithms.policy_losses import CISPOConfig, ClipCovConfig, KLCovConfig, PolicyLossConfig, SAPOConfig
+from skyrl_train.backends.config import BackendConfig, LoraConfig, OptimizerConfig
+from skyrl_train.config import Config, TrainerConfig, lora_target_modules, resolve
+from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
+from skyrl_train.inference.base import SamplingParams
+from skyrl_train.inference.factory import EngineKind
+from skyrl_train.inference.remote import Timeouts
+from skyrl_train.objective import Objective
+from skyrl_train.trainer import LoopSettings
+
+__all__ = [
+    "EngineSettings",
+    "RunComponents",
+    "backend_config",
+    "components_of",
+    "critic_backend_config",
+    "engine_settings",
+    "generator_config",
+    "kl_controller",
+    "loop_settings",
+    "objective_of",
+    "optimizer_steps",
+    "sampling_params",
+    "training_steps",
+]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What :func:`~skyrl_train.inference.factory.create_engine` is called with."""
+
+    kind: EngineKind  # "local", "vllm" or "remote"
+    model_path: str  # the weights it serves; for "remote", the served model's name
+    options: Mapping[str, Any]  # fields of that engine's config class (``base_url`` too, for "remote")
+
+
+@dataclass(frozen=True)
+class RunComponents:
+    """The settings of every component of one run, from one resolved config."""
+
+    policy: BackendConfig
+    ref: BackendConfig | None  # the frozen reference model; None unless a KL term needs it
+    critic: BackendConfig | None  # the value model; None unless model.critic_path is set
+    engine: EngineSettings
+    generator: GeneratorConfig
+    loop: LoopSettings
+    objective: Objective
+    sampling_params: SamplingParams  # training rollouts
+    eval_sampling_params: SamplingParams  # evaluation rollouts
+    kl_controller: KLController | None  # beta of the KL penalty in the reward; None unless use_kl_in_reward
+
+
+def components_of(config: Config, *, total_steps: int) -> RunComponents:
+    """Every component's settings for ``config``; ``total_steps`` is the run's training steps (:func:`training_steps`).
+
+    The config is resolved first (a no-op on a resolved one); it is not validated here.
+    """
+    config = resolve(config)
+    alg = config.algorithm
+    sampling, eval_sampling = sampling_params(config)
+    needs_ref = alg.use_kl_loss or alg.use_kl_in_reward
+    ref = backend_config(config, path=config.model.ref_path, trainable=False, total_steps=total_steps)
+    return RunComponents(
+        policy=backend_config(config, total_steps=total_steps),
+        ref=ref if needs_ref else None,
+        critic=critic_backend_config(config, total_steps=total_steps) if config.model.critic_path else None,
+        engine=engine_settings(config),
+        generator=generator_config(config),
+        loop=loop_settings(config),
+        objective=objective_of(config),
+        sampling_params=sampling,
+        eval_sampling_params=eval_sampling,
+        kl_controller=kl_controller(config),
+    )
+
+
+def training_steps(trainer: TrainerConfig, steps_per_epoch: int) -> int:
+    """Training steps of the run: ``max_training_steps``, else ``epochs`` passes of ``steps_per_epoch``."""
+    if trainer.max_training_steps is not None:
+        return trainer.max_training_steps
+    return trainer.epochs * steps_per_epoch
+
+
+def optimizer_steps(config: Config, total_steps: int) -> int:
+    """Optimizer steps of a run of ``total_steps`` training steps: one per mini-batch and update epoch.
+
+    This is what the ``linear`` and ``cosine`` schedules decay to 0 over (policy and critic step together).
+    """
+    t = config.trainer
+    mini_batches = math.ceil(t.train_batch_size / t.policy_mini_batch_size)
+    return total_steps * t.update_epochs_per_batch * mini_batches
+
+
+def backend_config(
+    config: Config, *, path: str | None = None, trainable: bool = True, total_steps: int | None = None
+) -> BackendConfig:
+    """The policy's (or, with ``path``, another model's) :class:`BackendConfig`.
+
+    ``trainable=False`` (the reference model) turns off gradient checkpointing and LoRA. ``total_steps`` (training
+    steps) sizes the learning-rate schedule; the ``linear`` and ``cosine`` schedules need it.
+    """
+    m, o, t = config.model, config.optim, config.trainer
+    lora = LoraConfig(
+        rank=m.lora_rank,
+        alpha=m.lora_alpha,
+        dropout=m.lora_dropout,
+        target_modules=lora_target_modules(m.lora_target_modules),
+    )
+    return BackendConfig(
+        model_path=path or m.path,
+        dtype=m.dtype,
+        micro_train_batch_size=t.micro_train_batch_size,
+        micro_forward_batch_size=t.micro_forward_batch_size,
+        max_tokens_per_microbatch=t.max_tokens_per_microbatch,
+        remove_padding=t.remove_padding,
+        gradient_checkpointing=m.gradient_checkpointing and trainable,
+        seed=t.seed,
+        optimizer=OptimizerConfig(
+            lr=o.lr,
+            betas=(o.adam_betas[0], o.adam_betas[1]),
+            weight_decay=o.weight_decay,
+            eps=o.eps,
+            max_grad_norm=o.max_grad_norm,
+            scheduler=o.scheduler,
+            num_warmup_steps=o.num_warmup_steps,
+            total_steps=None if total_steps is None else optimizer_steps(config, total_steps),
+        ),
+        lora=lora if trainable else LoraConfig(),
+    )
+
+
+def critic_backend_config(config: Config, *, total_steps: int | None = None) -> BackendConfig:
+    """The critic's :class:`BackendConfig`: the policy's settings with ``model.critic_path`` and ``optim.critic_lr``."""
+    if not config.model.critic_path:
+        raise ValueError("no critic is configured: set model.critic_path")
+    policy = backend_config(config, path=config.model.critic_path, total_steps=total_steps)
+    return dataclasses.replace(policy, optimizer=dataclasses.replace(policy.optimizer, lr=config.optim.critic_lr))
+
+
+def engine_settings(config: Config) -> EngineSettings:
+    """The engine kind and its options; ``inference.engine_kwargs`` are added last, so they win."""
+    inf, model = config.inference, config.model
+    options: dict[str, Any]
+    if inf.engine == "local":
+        options = {"dtype": model.dtype, "seed": config.trainer.seed}
+    elif inf.engine == "vllm":
+        options = _vllm_options(config)
+    else:
+        # One deadline for a whole attempt: a completion answers only when it is done, so no read timeout.
+        options = {"timeouts": Timeouts(read=None, total=inf.request_timeout_s)}
+        if inf.remote_urls:
+            options["base_url"] = inf.remote_urls[0]
+    options.update(inf.engine_kwargs)
+    return EngineSettings(kind=inf.engine, model_path=model.path, options=options)
+
+
+def _vllm_options(config: Config) -> dict[str, Any]:
+    import torch
+
+    inf = config.inference
+    options: dict[str, Any] = {
+        "dtype": config.model.dtype,
+        "seed": config.trainer.seed,
+        "tensor_parallel_size": inf.tensor_parallel_size,
+        "max_num_seqs": inf.max_num_seqs,
+        "max_num_batched_tokens": inf.max_num_batched_tokens,
+        "enable_prefix_caching": inf.enable_prefix_caching,
+    }
+    # The section's memory share is for GPUs; on a CPU the engine picks its own (a RAM share).
+    if torch.cuda.is_available():
+        options["gpu_memory_utilization"] = inf.gpu_memory_utilization
+    if inf.enforce_eager:  # False leaves the platform's choice (eager on CPU, CUDA graphs on GPU)
+        options["enforce_eager"] = True
+    return options
+
+
+def generator_config(config: Config) -> GeneratorConfig:
+    """The generator's settings from the ``generator`` and ``environment`` sections."""
+    config = resolve(config)
+    g, env = config.generator, config.environment
+    assert g.max_input_length is not None  # derived by resolve()
+    return GeneratorConfig(
+        max_turns=g.max_turns,
+        max_input_length=g.max_input_length,
+        max_generate_length=g.max_generate_length,
+        max_response_length=g.max_response_length,
+        batched=g.batched,
+        env_configs=env.env_configs,
+        max_concurrent_trajectories=g.max_concurrent_trajectories,
+        timeout_s=g.timeout_s,
+        max_env_workers=env.max_env_workers,
+        zero_reward_on_non_stop=g.zero_reward_on_non_stop,
+        apply_overlong_filtering=g.apply_overlong_filtering,
+        on_failure=g.on_failure,
+        chat_template_kwargs=g.chat_template_kwargs,
+    )
+
+
+def loop_settings(config: Config) -> LoopSettings:
+    """The loop's own settings."""
+    a, g, t = config.algorithm, config.generator, config.trainer
+    return LoopSettings(
+        n_samples_per_prompt=g.n_samples_per_prompt,
+        policy_mini_batch_size=t.policy_mini_batch_size,
+        update_epochs_per_batch=t.update_epochs_per_batch,
+        advantage_estimator=a.advantage_estimator,
+        advantage=AdvantageConfig(gamma=a.gamma, lambd=a.lambd, grpo_norm_by_std=a.grpo_norm_by_std),
+        use_kl_in_reward=a.use_kl_in_reward,
+        kl_estimator_type=a.kl_estimator_type,
+        zero_variance_filter=a.zero_variance_filter,
+        dynamic_sampling=a.dynamic_sampling,
+        max_sample_batches=a.max_sample_batches,
+        min_replace_ratio=a.min_replace_ratio,
+        value_clip=a.value_clip,
+        logprob_temperature=g.temperature,  # log-probs are taken at the temperature the tokens were sampled at
+        eval_n_samples_per_prompt=g.eval_n_samples_per_prompt,
+        seed=t.seed,
+    )
+
+
+def objective_of(config: Config) -> Objective:
+    """The loss terms from the ``algorithm`` and ``off_policy`` sections."""
+    config = resolve(config)  # algorithm.max_seq_len is derived
+    a = config.algorithm
+    policy_loss = PolicyLossConfig(
+        eps_clip_low=a.eps_clip_low,
+        eps_clip_high=a.eps_clip_high,
+        clip_ratio_c=a.clip_ratio_c,
+        loss_reduction=a.loss_reduction,
+        max_seq_len=a.max_seq_len,
+        cispo=CISPOConfig(a.cispo_eps_clip_low, a.cispo_eps_clip_high, a.cispo_anchor),
+        sapo=SAPOConfig(a.sapo_tau_pos, a.sapo_tau_neg),
+        clip_cov=ClipCovConfig(a.clip_cov_ratio, a.clip_cov_lb, a.clip_cov_ub),
+        kl_cov=KLCovConfig(a.kl_cov_frac, a.kl_cov_coef),
+        off_policy_correction=config.off_policy,
+    )
+    return Objective(
+        policy_loss_type=a.policy_loss_type,
+        policy_loss=policy_loss,
+        use_kl_loss=a.use_kl_loss,
+        kl_loss_coef=a.kl_loss_coef,
+        kl_estimator_type=a.kl_estimator_type,
+        entropy_coef=a.entropy_loss_coef,
+    )
+
+
+def sampling_params(config: Config) -> tuple[SamplingParams, SamplingParams]:
+    """``(training, evaluation)`` sampling params of a resolved config; evaluation may be greedy (temperature 0)."""
+    g = config.generator
+    training = SamplingParams(
+        max_tokens=g.max_generate_length,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        min_p=g.min_p,
+        stop=tuple(g.stop),
+    )
+    evaluation = dataclasses.replace(
+        training,
+        max_tokens=g.eval_max_generate_length if g.eval_max_generate_length is not None else g.max_generate_length,
+        temperature=g.eval_temperature,
+        top_p=g.eval_top_p,
+    )
+    return training, evaluation
+
+
+def kl_controller(config: Config) -> KLController | None:
+    """A fresh controller of the KL penalty in the reward (fixed or adaptive beta); None when there is none."""
+    a = config.algorithm
+    if not a.use_kl_in_reward:
+        return None
+    return make_kl_controller(a.kl_ctrl, a.kl_coef, a.kl_target, a.kl_horizon)
