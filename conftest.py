@@ -1,8 +1,9 @@
 """Test configuration shared by every suite of the monorepo.
 
 Tests marked ``docker`` need a reachable Docker engine and the sandbox base image; tests marked ``vllm`` need
-the ``vllm`` package. When one is missing such a test is skipped with the reason, unless ``SKYRL_REQUIRE_ALL=1``
-(set by ``make test`` in CI), in which case it fails: CI can never pass by skipping them.
+the ``vllm`` package, and those marked ``ray`` the ``ray`` package. When one is missing such a test is skipped
+with the reason, unless ``SKYRL_REQUIRE_ALL=1`` (set by ``make test`` in CI), in which case it fails: CI can never
+pass by skipping them.
 """
 
 from __future__ import annotations
@@ -46,9 +47,17 @@ def vllm_problem() -> str | None:
     return None
 
 
+@functools.cache
+def ray_problem() -> str | None:
+    """Why Ray-backed tests cannot run here, or None when they can."""
+    if importlib.util.find_spec("ray") is None:
+        return "Ray is not installed (pip install -e ./skyrl-train, which requires it)"
+    return None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip (or, with SKYRL_REQUIRE_ALL=1, fail) tests whose real service is unavailable."""
-    checks = {"docker": docker_problem, "vllm": vllm_problem}
+    checks = {"docker": docker_problem, "vllm": vllm_problem, "ray": ray_problem}
     for marker, check in checks.items():
         if item.get_closest_marker(marker) is None:
             continue

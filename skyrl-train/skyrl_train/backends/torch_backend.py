@@ -100,7 +100,7 @@ class TorchBackend:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora.enabled:
             model = apply_lora(model, config.lora, extra_trainable=self._extra_trainable_modules())
-        self.model: nn.Module = model.to(self.device)
+        self.model: nn.Module = self._distribute(model.to(self.device))
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters(),
             lr=config.optimizer.lr,
@@ -125,6 +125,10 @@ class TorchBackend:
         if self.config.attn_implementation is not None:
             kwargs["attn_implementation"] = self.config.attn_implementation
         return kwargs
+
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        """The model as this backend trains it: unchanged here; an FSDP2 worker shards it (``backends.fsdp``)."""
+        return model
 
     def _extra_trainable_modules(self) -> Sequence[str]:
         """Submodules trained in full even with LoRA (none for a policy)."""
@@ -194,7 +198,7 @@ class TorchBackend:
             torch.autograd.backward(loss)
             total_loss += float(loss.detach())
             weighted.append((float(micro_batch.response_mask.sum()), metrics))
-        return {**_combine_metrics(weighted), "loss": total_loss}
+        return {**combine_metrics(weighted), "loss": total_loss}
 
     @_on_compute_thread
     def optim_step(self) -> dict[str, float]:
@@ -208,7 +212,9 @@ class TorchBackend:
         """
         max_norm = self.config.optimizer.max_grad_norm
         clip_to = max_norm if max_norm is not None and max_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), clip_to))
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), clip_to)
+        # Over sharded (DTensor) gradients the norm is a DTensor too; its full value is the global norm.
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         lr = float(self.scheduler.get_last_lr()[0])
         skipped = not math.isfinite(grad_norm)
         if not skipped:
@@ -268,7 +274,7 @@ class TorchBackend:
 
         hf_model = cast("PreTrainedModel", unwrap(self.model))
         config = copy.deepcopy(hf_model.config)
-        config.architectures = [type(hf_model).__name__]
+        config.architectures = [_architecture(hf_model)]
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or self.config.model_path))
         weights = {name: t.detach().to("cpu").contiguous() for name, t in self.get_weights()}
         with _atomic_directory(Path(path)) as tmp:
@@ -303,6 +309,12 @@ class TorchBackend:
             packed = self.config.remove_padding
             return split_by_tokens(row_costs(batch.attention_mask, packed=packed), budget, packed=packed)
         return split_by_rows(len(batch), rows_per_micro_batch)
+
+
+def _architecture(model: nn.Module) -> str:
+    """The Hugging Face class name of ``model``, also when FSDP2 has swapped in its ``FSDP<name>`` subclass."""
+    classes = type(model).__mro__
+    return next((c.__name__ for c in classes if c.__module__.startswith("transformers.")), type(model).__name__)
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -386,7 +398,7 @@ def _concat_outputs(outputs: list[ModelOutput], device: torch.device) -> ModelOu
     )
 
 
-def _combine_metrics(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+def combine_metrics(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
     """Micro-batch metrics → the batch's: ``*_loss`` shares summed, the rest weighted by token counts.
 
     A token-weighted mean of loss shares would come out too small by about the number of micro-batches (each

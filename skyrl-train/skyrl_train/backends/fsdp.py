@@ -1,0 +1,160 @@
+"""One rank of an FSDP2 worker group: the in-process backend with its model sharded across a process group.
+
+A worker is :class:`~skyrl_train.backends.torch_backend.TorchBackend` (or the critic) whose model goes through
+``fully_shard`` once per decoder layer and once at the root, so parameters, gradients and AdamW moments are split
+across the ranks of the default ``torch.distributed`` process group (gloo on CPU, NCCL on GPU). Everything else is
+the in-process code: micro-batching, losses, clipping, the scheduler. The group's driver
+(:class:`skyrl_train.backends.ray_group.FSDPBackend`) gives every rank an equal share of a batch's rows.
+
+Gradients. The loss function scales each micro-batch loss by token weights computed over the whole mini-batch, so
+the mini-batch gradient is the *sum* of the ranks' gradients. FSDP2 averages gradients over ranks when it
+reduce-scatters them; each rank therefore multiplies its loss by the world size (gloo has no pre-multiplied sum to
+do it inside the collective). The gradient norm is the global one (``clip_grad_norm_`` over DTensors).
+
+Every method here is collective: all ranks must call it, with batches of the same number of rows (the driver pads
+a short share with fully masked rows), so every rank runs the same sequence of collectives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
+from skyrl_train.backends.config import BackendConfig
+from skyrl_train.backends.critic import CriticBackend
+from skyrl_train.backends.lora import unwrap
+from skyrl_train.backends.torch_backend import TorchBackend
+
+__all__ = ["FSDPCriticWorker", "FSDPWorker", "check_worker_config", "shard_layers"]
+
+CHECKPOINT_DIR = "dcp"  # the sharded model + optimizer state under a backend checkpoint directory
+
+
+def check_worker_config(config: BackendConfig) -> None:
+    """Reject what a worker group cannot do yet, naming the key to change.
+
+    Raises:
+        ValueError: LoRA, or a token-budget micro-batching (ranks would cut different numbers of micro-batches
+            and their collectives would no longer match).
+    """
+    if config.lora.enabled:
+        raise ValueError("FSDP workers train full weights: set model.lora_rank=0 (LoRA runs on trainer.backend=torch)")
+    if config.max_tokens_per_microbatch > 0:
+        raise ValueError(
+            "FSDP workers cut micro-batches by rows, so every rank runs the same collectives: "
+            "set trainer.max_tokens_per_microbatch=0"
+        )
+
+
+def shard_layers(model: nn.Module) -> nn.Module:
+    """``fully_shard`` every decoder layer (a module whose class name ends in ``DecoderLayer``), then the root.
+
+    One FSDP unit per layer keeps one layer's full parameters alive at a time in forward and backward; the root unit
+    holds the rest (embeddings, final norm, head, tied weights).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for module in model.modules():
+        if type(module).__name__.endswith("DecoderLayer"):
+            fully_shard(module)
+    fully_shard(model)
+    return model
+
+
+class FSDPWorker(TorchBackend):
+    """A policy (or reference) rank: :class:`TorchBackend` with its model sharded (see the module docstring)."""
+
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        check_worker_config(self.config)
+        if not dist.is_initialized():
+            raise RuntimeError("an FSDP worker needs torch.distributed initialised first (init_process_group)")
+        return shard_layers(model)
+
+    def forward_backward(
+        self, batch: TrainingBatch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False
+    ) -> dict[str, float]:
+        """This rank's share of the batch; ``loss`` is this rank's share of the batch loss (unscaled)."""
+        world = dist.get_world_size()
+
+        def scaled(output: ModelOutput, micro: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = loss_fn(output, micro)
+            return loss * world, metrics
+
+        stats = super().forward_backward(batch, scaled, temperature=temperature, with_entropy=with_entropy)
+        stats["loss"] /= world
+        return stats
+
+    def get_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`gathered_weights`, as the protocol's iterator (collective)."""
+        return iter(self.gathered_weights())
+
+    def gathered_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Full ``(Hugging Face name, tensor)`` pairs on the CPU on rank 0, tied weights once; ``[]`` elsewhere.
+
+        Collective: every rank gathers each tensor; only rank 0 keeps them.
+        """
+        keep = dist.get_rank() == 0
+        seen: set[int] = set()
+        weights: list[tuple[str, torch.Tensor]] = []
+        for name, tensor in unwrap(self.model).state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            if keep:
+                weights.append((name, full.detach().to("cpu", copy=True)))
+        return weights
+
+    def save(self, path: Path) -> None:
+        """Sharded model and optimizer state (``torch.distributed.checkpoint``) plus rank 0's scheduler and step.
+
+        ``path`` must be a directory every rank sees (the driver creates it and makes it final).
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        dcp_save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(Path(path) / CHECKPOINT_DIR))
+        if dist.get_rank() == 0:
+            torch.save(self.scheduler.state_dict(), Path(path) / "scheduler.pt")
+            state = {
+                "global_step": self.global_step,
+                "config": asdict(self.config),
+                "world_size": dist.get_world_size(),
+            }
+            (Path(path) / "backend.json").write_text(json.dumps(state, indent=2))
+        dist.barrier()
+
+    def load(self, path: Path) -> None:
+        """Restore what :meth:`save` wrote (any world size: the checkpoint is resharded on load)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+        path = Path(path)
+        if not (path / "backend.json").is_file() or not (path / CHECKPOINT_DIR).is_dir():
+            raise FileNotFoundError(f"{path} is not an FSDP backend checkpoint (no backend.json and {CHECKPOINT_DIR}/)")
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        dcp_load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path / CHECKPOINT_DIR))
+        # dcp_load fills the state dicts it is given in place
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        self.global_step = int(json.loads((path / "backend.json").read_text())["global_step"])
+
+    def export_hf(self, path: Path, tokenizer_path: str | Path | None = None) -> None:
+        """Rank 0 writes the Hugging Face directory from the gathered weights; the other ranks only gather."""
+        if dist.get_rank() == 0:
+            super().export_hf(path, tokenizer_path)
+        else:
+            self.gathered_weights()
+        dist.barrier()
+
+
+class FSDPCriticWorker(FSDPWorker, CriticBackend):
+    """A critic rank: :class:`CriticBackend` (its model and values) with the sharding of :class:`FSDPWorker`."""
