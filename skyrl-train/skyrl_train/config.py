@@ -38,8 +38,8 @@ Derived values, filled by :func:`resolve` only (each field's comment says "deriv
 - ``trainer.run_name`` ← the last component of ``trainer.run_dir``
 - ``trainer.ckpt_path`` ← ``{run_dir}/checkpoints``; ``trainer.export_path`` ← ``{run_dir}/exports``
 
-Keys for what is not built yet (``trainer.backend=fsdp``, ``trainer.num_training_workers``,
-``inference.num_engines`` and ``inference.tensor_parallel_size`` above 1, several ``inference.remote_urls``) are
+Keys for what is not built yet (``inference.num_engines`` and ``inference.tensor_parallel_size`` above 1, several
+``inference.remote_urls``) are
 kept, so configs written for them keep loading, but :func:`validate` rejects any value but the default until
 "skyrl-train on Ray" builds them. Removed keys (:data:`REMOVED_KEYS`) fail to load with what replaces them.
 
@@ -248,8 +248,10 @@ class TrainerConfig:
     """The training loop: batch sizes, schedule, evaluation, checkpoints, resume and logging."""
 
     seed: int = 42  # seeds python, numpy and torch at start, the engine, and each step's sampling seeds
-    backend: Literal["torch", "fsdp"] = "torch"  # in-process torch model; "fsdp" (FSDP2 over Ray workers) not yet
-    num_training_workers: int = 1  # data-parallel training processes; only 1 until "skyrl-train on Ray"
+    backend: Literal["torch", "fsdp"] = "torch"  # in-process torch model, or FSDP2 worker groups on Ray actors
+    num_training_workers: int = 1  # fsdp: ranks of each worker group (policy, reference, critic); torch: 1
+    num_cpus_per_worker: float = 1.0  # fsdp: CPUs a Ray actor of a worker group asks for
+    num_gpus_per_worker: float = 0.0  # fsdp: GPUs a Ray actor asks for; > 0 makes the ranks talk over NCCL
     epochs: int = 1  # passes over the training prompts
     max_training_steps: int | None = None  # stop after this many steps; None = epochs * steps per epoch
     train_batch_size: int = 1024  # PROMPTS per training step (rows = prompts * n_samples_per_prompt)
@@ -851,9 +853,7 @@ def _check_trainer(config: Config) -> list[str]:
         problems.append(f"trainer.max_training_steps must be >= 1 or null, got {t.max_training_steps}")
     if t.max_ckpts_to_keep == 0 or t.max_ckpts_to_keep < -1:
         problems.append(f"trainer.max_ckpts_to_keep must be -1 (keep all) or >= 1, got {t.max_ckpts_to_keep}")
-    if t.backend != "torch":
-        problems.append(f"trainer.backend {t.backend!r} {LATER}: set trainer.backend=torch")
-    problems += _only_one("trainer.num_training_workers", t.num_training_workers)
+    problems += _check_workers(config)
     if t.resume_mode == "from_path":
         problems += _check_resume_path(t.resume_path)
     if config.environment.max_env_workers < 0:
@@ -862,6 +862,28 @@ def _check_trainer(config: Config) -> list[str]:
     for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if name in t.logger and not _module_available(package):
             problems.append(f"trainer.logger {name!r} needs the {package} package: pip install {package}")
+    return problems
+
+
+def _check_workers(config: Config) -> list[str]:
+    t = config.trainer
+    if t.backend == "torch":
+        if t.num_training_workers != 1:
+            return [
+                f"trainer.num_training_workers={t.num_training_workers} needs worker processes: set "
+                "trainer.backend=fsdp (the torch backend trains in this process), or trainer.num_training_workers=1"
+            ]
+        return []
+    problems = _positive({"trainer.num_training_workers": t.num_training_workers})
+    if t.num_cpus_per_worker < 0 or t.num_gpus_per_worker < 0:
+        problems.append("trainer.num_cpus_per_worker and trainer.num_gpus_per_worker must be >= 0")
+    if config.model.lora_rank > 0:
+        problems.append("trainer.backend=fsdp trains full weights: set model.lora_rank=0, or trainer.backend=torch")
+    if t.max_tokens_per_microbatch > 0:
+        problems.append(
+            "trainer.backend=fsdp cuts micro-batches by rows (every rank must run the same collectives): "
+            "set trainer.max_tokens_per_microbatch=-1"
+        )
     return problems
 
 

@@ -18,12 +18,13 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from skyrl_train import checkpoint
-from skyrl_train.backends import TorchBackend
+from skyrl_train.backends import TorchBackend, TrainingBackend
 from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.config import Config, record_config, resolve, to_dict, validate
@@ -34,6 +35,7 @@ from skyrl_train.inference.factory import create_engine
 from skyrl_train.tracking import Tracker
 from skyrl_train.trainer import Metrics, Trainer, state_for_checkpoint
 from skyrl_train.wiring import (
+    RunComponents,
     backend_config,
     components_of,
     critic_backend_config,
@@ -54,6 +56,9 @@ __all__ = [
     "run",
     "seed_everything",
 ]
+
+if TYPE_CHECKING:
+    from skyrl_train.backends.ray_group import FSDPBackend
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +119,8 @@ class _Session:
         self.eval_prompts: list[PromptRecord] = (
             list(self._dataset(config.data.val_data)) if config.data.val_data else []
         )
+        self.worker_groups: list[FSDPBackend] = []  # trainer.backend=fsdp: the Ray actor groups to stop
+        self.started_ray = False  # whether this run started Ray (and so shuts it down)
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -134,7 +141,11 @@ class _Session:
     @classmethod
     async def open(cls, config: Config) -> _Session:
         session = cls(config)
-        session._build()
+        try:
+            session._build()
+        except BaseException:
+            session._stop_workers()  # a build that failed half-way must not leave actors or a cluster behind
+            raise
         return session
 
     def _build(self) -> None:
@@ -143,9 +154,7 @@ class _Session:
         # With the local engine, every model of the run computes on one thread (skyrl_train.compute_thread: why).
         self.compute = ComputeThread() if parts.engine.kind == "local" else None
         compute = self.compute
-        policy = TorchBackend(parts.policy, compute)
-        ref = TorchBackend(parts.ref, compute) if parts.ref is not None else None
-        critic = CriticBackend(parts.critic, compute) if parts.critic is not None else None
+        policy, ref, critic = self._backends(parts, compute)
         engine = parts.engine
         self.engine = create_engine(engine.kind, engine.model_path, compute=compute, **engine.options)
         generator = SkyRLGymGenerator(self.engine, self.tokenizer, parts.generator)
@@ -174,6 +183,34 @@ class _Session:
             sink=self.tracker,
             compute=compute,
         )
+
+    def _backends(
+        self, parts: RunComponents, compute: ComputeThread | None
+    ) -> tuple[TrainingBackend, TrainingBackend | None, TrainingBackend | None]:
+        """Policy, reference and critic: in this process, or (``trainer.backend=fsdp``) as Ray worker groups."""
+        t = self.config.trainer
+        if t.backend == "torch":
+            local_ref = TorchBackend(parts.ref, compute) if parts.ref is not None else None
+            local_critic = CriticBackend(parts.critic, compute) if parts.critic is not None else None
+            return TorchBackend(parts.policy, compute), local_ref, local_critic
+        from skyrl_train.backends.ray_group import FSDPBackend, WorkerGroupConfig, ensure_ray
+
+        group = WorkerGroupConfig(
+            num_workers=t.num_training_workers,
+            num_cpus_per_worker=t.num_cpus_per_worker,
+            num_gpus_per_worker=t.num_gpus_per_worker,
+            dist_backend="nccl" if t.num_gpus_per_worker > 0 else "gloo",
+        )
+        self.started_ray = ensure_ray(group, num_groups=1 + (parts.ref is not None) + (parts.critic is not None))
+        self.worker_groups = [FSDPBackend(parts.policy, group)]
+        if parts.ref is not None:
+            self.worker_groups.append(FSDPBackend(parts.ref, group))
+        if parts.critic is not None:
+            self.worker_groups.append(FSDPBackend(parts.critic, group, role="critic"))
+        groups = iter(self.worker_groups)
+        policy = next(groups)
+        ref = next(groups) if parts.ref is not None else None
+        return policy, ref, next(groups, None)
 
     def total_steps(self) -> int:
         return training_steps(self.config.trainer, steps_per_epoch=len(self.loader))
@@ -268,3 +305,14 @@ class _Session:
                 await maybe
         if self.compute is not None:
             await asyncio.to_thread(self.compute.close)
+        self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """Stop the worker groups, then Ray if this run started it."""
+        for group in self.worker_groups:
+            group.close()
+        if self.started_ray:
+            import ray
+
+            ray.shutdown()
+            self.started_ray = False

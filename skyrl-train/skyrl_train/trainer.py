@@ -155,6 +155,8 @@ class Trainer:
         self.global_step += 1
         metrics.update(timings)
         metrics["timing/step_s"] = sum(timings.values())
+        metrics["system/num_policy_workers"] = float(getattr(self.policy, "num_workers", 1))
+        metrics["system/num_engines"] = float(getattr(self.engine, "num_engines", 1))
         self._emit(metrics)
         return metrics
 

@@ -323,14 +323,22 @@ def test_generator_engine_and_trainer_checks(valid: Config) -> None:
     assert "needs trainer.resume_path" in _errors(_replace(valid, "trainer", resume_mode="from_path"))
     assert "named global_step_N" in _errors(_replace(valid, "trainer", resume_mode="from_path", resume_path="/x/ckpt"))
     assert "No registered env with id: gsm8kk" in _errors(_replace(valid, "environment", env_class="gsm8kk"))
-    assert "num_training_workers=1" in _errors(_replace(valid, "trainer", num_training_workers=2))
+    assert "set trainer.backend=fsdp" in _errors(_replace(valid, "trainer", num_training_workers=2))
+
+
+def test_fsdp_worker_groups_refuse_what_they_cannot_do(valid: Config) -> None:
+    fsdp = _replace(valid, "trainer", backend="fsdp", num_training_workers=2)
+    validate(fsdp)
+    assert "set model.lora_rank=0" in _errors(_replace(fsdp, "model", lora_rank=4))
+    assert "set trainer.max_tokens_per_microbatch=-1" in _errors(
+        _replace(fsdp, "trainer", max_tokens_per_microbatch=64)
+    )
+    assert "trainer.num_training_workers must be" in _errors(_replace(fsdp, "trainer", num_training_workers=0))
 
 
 @pytest.mark.parametrize(
     ("section", "changes", "message"),
     [
-        ("trainer", {"backend": "fsdp"}, "trainer.backend 'fsdp' is not supported yet"),
-        ("trainer", {"num_training_workers": 2}, "trainer.num_training_workers=2 is not supported yet"),
         ("inference", {"num_engines": 2}, "inference.num_engines=2 is not supported yet"),
         ("inference", {"tensor_parallel_size": 2}, "inference.tensor_parallel_size=2 is not supported yet"),
         (

@@ -303,3 +303,44 @@ def test_export_interval_exports_every_n_steps(tiny_model_dir: Path, tmp_path: P
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(exports / "global_step_2")
+
+
+# -- FSDP2 worker groups on Ray ---------------------------------------------------------------------------------
+
+FSDP = (
+    "trainer.backend=fsdp",
+    "trainer.num_training_workers=2",
+    "trainer.num_cpus_per_worker=0.25",
+    "trainer.micro_train_batch_size=2",  # per rank: 2 of a mini-batch's 4 rows
+)
+
+
+@pytest.mark.ray
+def test_fsdp_worker_groups_train_as_the_in_process_backend_does(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two gloo ranks per model, policy and critic: the first step's losses and norms are the one-process ones."""
+    critic = (f"model.critic_path={tiny_model_dir}", *PPO, "trainer.max_training_steps=2")
+    local = run(_config(tiny_model_dir, tmp_path / "d1", tmp_path / "local", *critic))
+    group = run(_config(tiny_model_dir, tmp_path / "d2", tmp_path / "fsdp", *critic, *FSDP))
+    assert group.global_step == 2
+    expected, got = _metrics(local.run_dir), _metrics(group.run_dir)
+    assert got[1]["system/num_policy_workers"] == 2.0
+    assert expected[1]["system/num_policy_workers"] == 1.0
+    for key in ("reward/mean", "policy/loss", "policy/pg_loss", "policy/grad_norm", "critic/value_loss"):
+        assert got[1][key] == pytest.approx(expected[1][key], rel=1e-4, abs=1e-6), key
+    assert group.checkpoint is not None
+    assert (group.checkpoint / "dcp").is_dir()  # the sharded checkpoint, the critic's beside it
+    assert (group.checkpoint / "critic" / "dcp").is_dir()
+    from transformers import AutoModelForCausalLM
+
+    assert group.export is not None
+    AutoModelForCausalLM.from_pretrained(group.export)
+
+
+@pytest.mark.ray
+def test_fsdp_groups_bigger_than_the_cluster_fail_before_any_model_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = _config(tiny_model_dir, tmp_path / "d", tmp_path / "run", *FSDP, "trainer.num_cpus_per_worker=64")
+    with pytest.raises(RuntimeError, match=r"ask Ray for 128 CPUs .* lower trainer\.num_cpus_per_worker"):
+        run(config)
+    import ray
+
+    assert not ray.is_initialized()  # the run started Ray, and stopped it on the way out
