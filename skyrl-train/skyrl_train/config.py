@@ -38,8 +38,7 @@ Derived values, filled by :func:`resolve` only (each field's comment says "deriv
 - ``trainer.run_name`` ← the last component of ``trainer.run_dir``
 - ``trainer.ckpt_path`` ← ``{run_dir}/checkpoints``; ``trainer.export_path`` ← ``{run_dir}/exports``
 
-Keys for what is not built yet (``inference.num_engines`` and ``inference.tensor_parallel_size`` above 1, several
-``inference.remote_urls``) are
+Keys for what is not built yet (``inference.tensor_parallel_size`` above 1, several ``inference.remote_urls``) are
 kept, so configs written for them keep loading, but :func:`validate` rejects any value but the default until
 "skyrl-train on Ray" builds them. Removed keys (:data:`REMOVED_KEYS`) fail to load with what replaces them.
 
@@ -231,7 +230,9 @@ class InferenceConfig:
     """The inference engine that serves rollouts."""
 
     engine: Literal["local", "vllm", "remote"] = "local"  # in-process torch, vLLM, or an OpenAI-compatible server
-    num_engines: int = 1  # engine replicas; only 1 until "skyrl-train on Ray"
+    num_engines: int = 1  # engine replicas; above 1 each is a Ray actor ("local" or "vllm"), requests routed
+    num_cpus_per_engine: float = 1.0  # num_engines > 1: CPUs an engine actor asks Ray for
+    num_gpus_per_engine: float = 0.0  # num_engines > 1: GPUs an engine actor asks Ray for
     tensor_parallel_size: int = 1  # GPUs per vLLM engine; only 1 until "skyrl-train on Ray"
     gpu_memory_utilization: float = 0.8  # vLLM on a GPU: fraction of its memory vLLM may take
     max_num_seqs: int | None = None  # vLLM: sequences scheduled at once per engine; None: vLLM's default
@@ -922,7 +923,14 @@ def _check_env_class(env_class: str) -> list[str]:
 
 def _check_engine(config: Config) -> list[str]:
     inf, problems = config.inference, []
-    problems += _only_one("inference.num_engines", inf.num_engines)
+    problems += _positive({"inference.num_engines": inf.num_engines})
+    if inf.num_engines > 1 and inf.engine == "remote":
+        problems.append(
+            "inference.num_engines > 1 starts engine actors, but engine 'remote' runs elsewhere: "
+            "set inference.num_engines=1"
+        )
+    if inf.num_cpus_per_engine < 0 or inf.num_gpus_per_engine < 0:
+        problems.append("inference.num_cpus_per_engine and inference.num_gpus_per_engine must be >= 0")
     problems += _only_one("inference.tensor_parallel_size", inf.tensor_parallel_size)
     if len(inf.remote_urls) > 1:
         problems.append(

@@ -31,10 +31,12 @@ from skyrl_train.config import Config, record_config, resolve, to_dict, validate
 from skyrl_train.data.dataset import PromptDataset, PromptRecord
 from skyrl_train.data.loader import PromptLoader
 from skyrl_train.generators import SkyRLGymGenerator
+from skyrl_train.inference.base import InferenceEngine
 from skyrl_train.inference.factory import create_engine
 from skyrl_train.tracking import Tracker
 from skyrl_train.trainer import Metrics, Trainer, state_for_checkpoint
 from skyrl_train.wiring import (
+    EngineSettings,
     RunComponents,
     backend_config,
     components_of,
@@ -151,12 +153,15 @@ class _Session:
     def _build(self) -> None:
         config = self.config
         parts = components_of(config, total_steps=self.total_steps())
-        # With the local engine, every model of the run computes on one thread (skyrl_train.compute_thread: why).
-        self.compute = ComputeThread() if parts.engine.kind == "local" else None
+        self._start_ray(parts)
+        # With the local engine in this process, every model of the run computes on one thread
+        # (skyrl_train.compute_thread says why).
+        in_process = parts.engine.kind == "local" and parts.engine.replicas == 1
+        self.compute = ComputeThread() if in_process else None
         compute = self.compute
         policy, ref, critic = self._backends(parts, compute)
         engine = parts.engine
-        self.engine = create_engine(engine.kind, engine.model_path, compute=compute, **engine.options)
+        self.engine = self._engine(engine, compute)
         generator = SkyRLGymGenerator(self.engine, self.tokenizer, parts.generator)
         self.tracker = Tracker.create(
             config.trainer.logger,
@@ -184,6 +189,53 @@ class _Session:
             compute=compute,
         )
 
+    def _start_ray(self, parts: RunComponents) -> None:
+        """Join or start Ray when some role runs in actors, after checking the cluster can hold them all."""
+        from skyrl_train.ray_cluster import ActorDemand, ensure_ray
+
+        t, engine = self.config.trainer, parts.engine
+        demands = []
+        if t.backend == "fsdp":
+            groups = 1 + (parts.ref is not None) + (parts.critic is not None)
+            demands.append(
+                ActorDemand(
+                    groups * t.num_training_workers,
+                    t.num_cpus_per_worker,
+                    t.num_gpus_per_worker,
+                    f"{groups} training worker groups × trainer.num_training_workers={t.num_training_workers}",
+                    "trainer.num_cpus_per_worker",
+                    "trainer.num_gpus_per_worker",
+                )
+            )
+        if engine.replicas > 1:
+            demands.append(
+                ActorDemand(
+                    engine.replicas,
+                    engine.cpus_per_replica,
+                    engine.gpus_per_replica,
+                    f"inference.num_engines={engine.replicas}",
+                    "inference.num_cpus_per_engine",
+                    "inference.num_gpus_per_engine",
+                )
+            )
+        if demands:
+            self.started_ray = ensure_ray(demands)
+
+    def _engine(self, engine: EngineSettings, compute: ComputeThread | None) -> InferenceEngine:
+        """The engine in this process, or (``inference.num_engines > 1``) a routed group of engine actors."""
+        if engine.replicas == 1:
+            return create_engine(engine.kind, engine.model_path, compute=compute, **engine.options)
+        from skyrl_train.inference.ray_engines import EngineGroup
+
+        return EngineGroup(
+            engine.kind,
+            engine.model_path,
+            engine.replicas,
+            options=dict(engine.options),
+            num_cpus_per_engine=engine.cpus_per_replica,
+            num_gpus_per_engine=engine.gpus_per_replica,
+        )
+
     def _backends(
         self, parts: RunComponents, compute: ComputeThread | None
     ) -> tuple[TrainingBackend, TrainingBackend | None, TrainingBackend | None]:
@@ -193,7 +245,7 @@ class _Session:
             local_ref = TorchBackend(parts.ref, compute) if parts.ref is not None else None
             local_critic = CriticBackend(parts.critic, compute) if parts.critic is not None else None
             return TorchBackend(parts.policy, compute), local_ref, local_critic
-        from skyrl_train.backends.ray_group import FSDPBackend, WorkerGroupConfig, ensure_ray
+        from skyrl_train.backends.ray_group import FSDPBackend, WorkerGroupConfig
 
         group = WorkerGroupConfig(
             num_workers=t.num_training_workers,
@@ -201,7 +253,6 @@ class _Session:
             num_gpus_per_worker=t.num_gpus_per_worker,
             dist_backend="nccl" if t.num_gpus_per_worker > 0 else "gloo",
         )
-        self.started_ray = ensure_ray(group, num_groups=1 + (parts.ref is not None) + (parts.critic is not None))
         self.worker_groups = [FSDPBackend(parts.policy, group)]
         if parts.ref is not None:
             self.worker_groups.append(FSDPBackend(parts.ref, group))

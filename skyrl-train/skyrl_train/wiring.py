@@ -57,6 +57,9 @@ class EngineSettings:
     kind: EngineKind  # "local", "vllm" or "remote"
     model_path: str  # the weights it serves; for "remote", the served model's name
     options: Mapping[str, Any]  # fields of that engine's config class (``base_url`` too, for "remote")
+    replicas: int = 1  # > 1: an EngineGroup of that many Ray actors (skyrl_train.inference.ray_engines)
+    cpus_per_replica: float = 1.0  # Ray resources of each replica's actor
+    gpus_per_replica: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,14 @@ def engine_settings(config: Config) -> EngineSettings:
         if inf.remote_urls:
             options["base_url"] = inf.remote_urls[0]
     options.update(inf.engine_kwargs)
-    return EngineSettings(kind=inf.engine, model_path=model.path, options=options)
+    return EngineSettings(
+        kind=inf.engine,
+        model_path=model.path,
+        options=options,
+        replicas=inf.num_engines,
+        cpus_per_replica=inf.num_cpus_per_engine,
+        gpus_per_replica=inf.num_gpus_per_engine,
+    )
 
 
 def _vllm_options(config: Config) -> dict[str, Any]:

@@ -326,6 +326,13 @@ def test_generator_engine_and_trainer_checks(valid: Config) -> None:
     assert "set trainer.backend=fsdp" in _errors(_replace(valid, "trainer", num_training_workers=2))
 
 
+def test_engine_replicas_are_actors_of_a_local_or_vllm_engine(valid: Config) -> None:
+    validate(_replace(valid, "inference", num_engines=2))
+    remote = _replace(valid, "inference", engine="remote", remote_urls=["http://a:8000"], num_engines=2)
+    assert "engine 'remote' runs elsewhere: set inference.num_engines=1" in _errors(remote)
+    assert "inference.num_engines must be" in _errors(_replace(valid, "inference", num_engines=0))
+
+
 def test_fsdp_worker_groups_refuse_what_they_cannot_do(valid: Config) -> None:
     fsdp = _replace(valid, "trainer", backend="fsdp", num_training_workers=2)
     validate(fsdp)
@@ -339,7 +346,6 @@ def test_fsdp_worker_groups_refuse_what_they_cannot_do(valid: Config) -> None:
 @pytest.mark.parametrize(
     ("section", "changes", "message"),
     [
-        ("inference", {"num_engines": 2}, "inference.num_engines=2 is not supported yet"),
         ("inference", {"tensor_parallel_size": 2}, "inference.tensor_parallel_size=2 is not supported yet"),
         (
             "inference",

@@ -337,6 +337,22 @@ def test_fsdp_worker_groups_train_as_the_in_process_backend_does(tiny_model_dir:
 
 
 @pytest.mark.ray
+def test_two_engine_actors_serve_the_rollouts_one_engine_would(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Seeded sampling does not depend on which engine answers: step 1's rollouts are the one-engine rollouts."""
+    steps = "trainer.max_training_steps=2"
+    local = run(_config(tiny_model_dir, tmp_path / "d1", tmp_path / "one", steps))
+    engines = ("inference.num_engines=2", "inference.num_cpus_per_engine=0.5")
+    grouped = run(_config(tiny_model_dir, tmp_path / "d2", tmp_path / "two", steps, *engines))
+    assert grouped.global_step == 2
+    expected, got = _metrics(local.run_dir), _metrics(grouped.run_dir)
+    assert got[1]["system/num_engines"] == 2.0
+    assert expected[1]["system/num_engines"] == 1.0
+    for key in ("reward/mean", "policy/loss", "policy/grad_norm"):
+        assert got[1][key] == pytest.approx(expected[1][key], rel=1e-5, abs=1e-7), key
+    assert got[2]["policy/rollout_logprob_gap"] < 1e-3  # the engines got step 1's weights
+
+
+@pytest.mark.ray
 def test_fsdp_groups_bigger_than_the_cluster_fail_before_any_model_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = _config(tiny_model_dir, tmp_path / "d", tmp_path / "run", *FSDP, "trainer.num_cpus_per_worker=64")
     with pytest.raises(RuntimeError, match=r"ask Ray for 128 CPUs .* lower trainer\.num_cpus_per_worker"):

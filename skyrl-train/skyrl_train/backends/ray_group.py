@@ -13,8 +13,9 @@ sent to every rank at once::
 Metrics combine as one process would: losses and ``*_loss`` shares are summed over ranks, the other metrics
 averaged weighted by each rank's trained tokens (see ``backends.base.LossFn``).
 
-Ray must be initialised by the caller (``ray.init()`` starts a local cluster, ``ray.init(address=...)`` joins one);
-the group asks for ``num_cpus_per_worker`` CPUs and ``num_gpus_per_worker`` GPUs per actor.
+Ray must be initialised by the caller (``ray.init()`` starts a local cluster, ``ray.init(address=...)`` joins one;
+``skyrl_train.ray_cluster.ensure_ray`` does it for a run); the group asks for ``num_cpus_per_worker`` CPUs and
+``num_gpus_per_worker`` GPUs per actor.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from skyrl_train.backends.config import BackendConfig
 from skyrl_train.backends.fsdp import check_worker_config
 from skyrl_train.backends.torch_backend import combine_metrics
 
-__all__ = ["FSDPBackend", "WorkerGroupConfig", "ensure_ray", "split_rows"]
+__all__ = ["FSDPBackend", "WorkerGroupConfig", "split_rows"]
 
 Role = Literal["policy", "critic"]
 
@@ -55,37 +56,6 @@ class WorkerGroupConfig:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.dist_backend == "nccl" and self.num_gpus_per_worker <= 0:
             raise ValueError("dist_backend='nccl' needs GPUs: set num_gpus_per_worker (or use gloo on CPU)")
-
-
-def ensure_ray(group: WorkerGroupConfig, num_groups: int) -> bool:
-    """Connect to Ray (``RAY_ADDRESS``'s cluster, else a new local one) and check it can hold the groups.
-
-    Returns whether this call started Ray (the caller then shuts it down). The check runs before any model loads:
-    an actor that asks for more than the cluster has would wait forever instead of failing.
-
-    Raises:
-        RuntimeError: ``num_groups`` groups of ``group.num_workers`` actors ask for more CPUs or GPUs than the
-            cluster has; the message says what was asked, what exists and which keys to change.
-    """
-    started = not ray.is_initialized()
-    if started:
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    available = ray.cluster_resources()  # type: ignore[no-untyped-call]
-    actors = num_groups * group.num_workers
-    for resource, per_actor, key in (
-        ("CPU", group.num_cpus_per_worker, "trainer.num_cpus_per_worker"),
-        ("GPU", group.num_gpus_per_worker, "trainer.num_gpus_per_worker"),
-    ):
-        asked, has = actors * per_actor, float(available.get(resource, 0.0))
-        if asked > has + 1e-9:
-            if started:
-                ray.shutdown()
-            raise RuntimeError(
-                f"the training worker groups ask Ray for {asked:g} {resource}s ({num_groups} groups × "
-                f"trainer.num_training_workers={group.num_workers} × {key}={per_actor:g}) but the cluster has "
-                f"{has:g}: lower {key} or trainer.num_training_workers, or add nodes to the cluster"
-            )
-    return started
 
 
 def split_rows(num_rows: int, num_shares: int) -> list[slice]:

@@ -1,0 +1,150 @@
+"""Several inference engines as Ray actors behind one :class:`~skyrl_train.inference.base.InferenceEngine`.
+
+:class:`EngineGroup` starts ``num_engines`` actors, each building an ordinary engine
+(:func:`~skyrl_train.inference.factory.create_engine`: the local torch engine or vLLM) in its own process. The
+trainer and the generator see one engine:
+
+- ``generate`` sends each prompt to the engine :class:`~skyrl_train.inference.routing.PrefixRouter` picks (the one
+  holding the trajectory's earlier turns, unless it is much busier; else the least loaded). Prompt ``i`` of a call
+  with ``seed=s`` is sent with seed ``s + i``, as one engine would sample it, so a seeded batch draws the same
+  tokens whichever engine answers.
+- ``update_weights`` puts the weights into Ray's object store once and loads them into every engine at once.
+- ``pause`` / ``resume`` / ``close`` reach every engine.
+
+Failures. An engine actor that dies (its process killed, out of memory) is restarted by Ray (up to
+``max_restarts`` times); a request that was running on it is sent again once the actor is back, after the actor
+has been given the latest weights (a restarted engine starts from ``model_path``). A second failure of the same
+request raises.
+
+Ray must be initialised first (``skyrl_train.backends.ray_group.ensure_ray`` does it for a run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import ray
+import torch
+
+from skyrl_train.inference.base import GenerationOutput, SamplingParams
+from skyrl_train.inference.factory import EngineKind
+from skyrl_train.inference.routing import PrefixRouter, RouterConfig
+
+__all__ = ["EngineGroup"]
+
+
+class _EngineActor:
+    """One engine in its own process (an async Ray actor: concurrent calls share its event loop)."""
+
+    def __init__(self, kind: EngineKind, model_path: str, options: dict[str, Any]) -> None:
+        from skyrl_train.inference.factory import create_engine
+
+        self.engine = create_engine(kind, model_path, **options)
+
+    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        return await self.engine.generate(prompts, params)
+
+    async def update_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        await self.engine.update_weights(weights)
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class EngineGroup:
+    """``num_engines`` engines of one ``kind`` on Ray actors, routed as one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        kind: EngineKind,
+        model_path: str,
+        num_engines: int,
+        *,
+        options: dict[str, Any] | None = None,
+        num_cpus_per_engine: float = 1.0,
+        num_gpus_per_engine: float = 0.0,
+        router: RouterConfig | None = None,
+        max_restarts: int = 3,
+    ) -> None:
+        if kind == "remote":
+            raise ValueError("remote engines already run elsewhere: list their URLs instead of num_engines")
+        if not ray.is_initialized():
+            raise RuntimeError("EngineGroup needs Ray: call ray.init() (or ray.init(address=...)) first")
+        # Actor handles are typed Any: Ray's stubs do not know the remote methods of a class wrapped at run time.
+        actor: Any = ray.remote(num_cpus=num_cpus_per_engine, num_gpus=num_gpus_per_engine, max_restarts=max_restarts)(
+            _EngineActor
+        )
+        self.engines: list[Any] = [actor.remote(kind, model_path, dict(options or {})) for _ in range(num_engines)]
+        self.router = PrefixRouter(num_engines, router)
+        self._weights: Any = None  # the object-store copy of the latest weights, for engines that restart
+        self.restarts = 0  # requests sent again after their engine died
+
+    @property
+    def num_engines(self) -> int:
+        """Engines in the group (0 once closed)."""
+        return len(self.engines)
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """One completion per prompt, in order; each prompt routed on its own (see the module docstring)."""
+        return list(
+            await asyncio.gather(*(self._one(list(prompt), params, index) for index, prompt in enumerate(prompts)))
+        )
+
+    async def _one(self, prompt: list[int], params: SamplingParams, index: int) -> GenerationOutput:
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + index)
+        engine = self.router.route(prompt)
+        output: GenerationOutput | None = None
+        try:
+            try:
+                (output,) = await self.engines[engine].generate.remote([prompt], params)
+            except ray.exceptions.RayActorError:
+                self.restarts += 1
+                await self._restored(engine)
+                (output,) = await self.engines[engine].generate.remote([prompt], params)
+        finally:
+            self.router.finished(engine, prompt + (output.token_ids if output is not None else []))
+        return output
+
+    async def _restored(self, engine: int) -> None:
+        """Wait until a dead engine's actor is back (Ray restarts it), then give it the latest weights."""
+        handle = self.engines[engine]
+        for _ in range(600):  # the restart runs the actor's __init__ again: a model load
+            try:
+                await handle.resume.remote()
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                await asyncio.sleep(0.5)
+        if self._weights is not None:
+            await handle.update_weights.remote(self._weights)
+
+    async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Every engine loads the same weights (one copy in the object store, read by all)."""
+        shared = ray.put([(name, tensor.detach().to("cpu")) for name, tensor in weights])
+        self._weights = shared
+        await asyncio.gather(*(engine.update_weights.remote(shared) for engine in self.engines))
+
+    async def pause(self) -> None:
+        """Hold new generation on every engine."""
+        await asyncio.gather(*(engine.pause.remote() for engine in self.engines))
+
+    async def resume(self) -> None:
+        """Let every engine generate again."""
+        await asyncio.gather(*(engine.resume.remote() for engine in self.engines))
+
+    async def close(self) -> None:
+        """Close every engine and stop its actor (idempotent)."""
+        engines, self.engines = self.engines, []
+        if engines:
+            await asyncio.gather(*(engine.close.remote() for engine in engines), return_exceptions=True)
+            for engine in engines:
+                ray.kill(engine)
