@@ -253,6 +253,7 @@ class TrainerConfig:
     num_training_workers: int = 1  # fsdp: ranks of each worker group (policy, reference, critic); torch: 1
     num_cpus_per_worker: float = 1.0  # fsdp: CPUs a Ray actor of a worker group asks for
     num_gpus_per_worker: float = 0.0  # fsdp: GPUs a Ray actor asks for; > 0 makes the ranks talk over NCCL
+    placement: Literal["colocate", "disaggregate"] = "disaggregate"  # Ray actors: share bundles, or own ones
     epochs: int = 1  # passes over the training prompts
     max_training_steps: int | None = None  # stop after this many steps; None = epochs * steps per epoch
     train_batch_size: int = 1024  # PROMPTS per training step (rows = prompts * n_samples_per_prompt)

@@ -4,16 +4,18 @@ Ray places every role that leaves the trainer's process: training worker groups
 (:mod:`skyrl_train.backends.ray_group`) and engine replicas (:mod:`skyrl_train.inference.ray_engines`). A run
 describes its actors as :class:`ActorDemand` rows; :func:`ensure_ray` connects and refuses, before any model
 loads, a cluster too small for them (an actor Ray cannot place would wait forever instead of failing).
+:class:`Placement` then reserves placement-group bundles for the roles, colocated or disaggregated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import ray
 
-__all__ = ["ActorDemand", "ensure_ray"]
+__all__ = ["ActorDemand", "Placement", "PlacementMode", "RoleSpec", "ensure_ray"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,84 @@ def ensure_ray(demands: Sequence[ActorDemand]) -> bool:
                 f"lower {keys}, run fewer actors, or add nodes to the cluster"
             )
     return started
+
+
+PlacementMode = Literal["colocate", "disaggregate"]
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role's actors: ``count`` of them, each asking for ``cpus`` and ``gpus``."""
+
+    name: str  # e.g. "policy", "engines"
+    count: int
+    cpus: float
+    gpus: float = 0.0
+
+
+class Placement:
+    """Ray placement groups for a run's roles, and the options each actor is started with.
+
+    ``disaggregate``: every role gets a placement group of its own (one bundle per actor, packed onto as few nodes
+    as fit), so roles never share a bundle. ``colocate``: one placement group whose bundle ``i`` holds actor ``i``
+    of every role (e.g. training rank ``i`` and engine ``i``), sized for all of them together, so those actors
+    land on the same node and share its devices.
+
+    Raises:
+        RuntimeError: the cluster cannot place the bundles within ``timeout_s`` (the message names the roles).
+    """
+
+    def __init__(self, roles: Sequence[RoleSpec], mode: PlacementMode, timeout_s: float = 120.0) -> None:
+        from ray.util.placement_group import placement_group
+
+        self.mode = mode
+        self.groups: dict[str, Any] = {}
+        if mode == "disaggregate":
+            for role in roles:
+                bundles = [_bundle(role.cpus, role.gpus) for _ in range(role.count)]
+                self.groups[role.name] = placement_group(bundles, strategy="PACK", name=f"skyrl-{role.name}")
+        elif mode == "colocate":
+            size = max((role.count for role in roles), default=0)
+            bundles = [
+                _bundle(sum(r.cpus for r in roles if r.count > i), sum(r.gpus for r in roles if r.count > i))
+                for i in range(size)
+            ]
+            shared = placement_group(bundles, strategy="PACK", name="skyrl-colocated")
+            self.groups = {role.name: shared for role in roles}
+        else:
+            raise ValueError(f"unknown placement {mode!r}; expected 'colocate' or 'disaggregate'")
+        self._wait(roles, timeout_s)
+
+    def options(self, role: str, index: int) -> dict[str, Any]:
+        """What ``actor.options(...)`` takes for actor ``index`` of ``role``: its placement group and bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self.groups[role], placement_group_bundle_index=index)
+        return {"scheduling_strategy": strategy}
+
+    def remove(self) -> None:
+        """Release the bundles (idempotent); the actors in them must be stopped first."""
+        from ray.util.placement_group import remove_placement_group
+
+        for group in {id(g): g for g in self.groups.values()}.values():
+            remove_placement_group(group)
+        self.groups = {}
+
+    def _wait(self, roles: Sequence[RoleSpec], timeout_s: float) -> None:
+        pending = {id(g): g for g in self.groups.values()}.values()
+        ready, _ = ray.wait([g.ready() for g in pending], num_returns=len(pending), timeout=timeout_s)
+        if len(ready) < len(pending):
+            self.remove()
+            asked = ", ".join(f"{r.name}: {r.count} × ({r.cpus:g} CPU, {r.gpus:g} GPU)" for r in roles)
+            raise RuntimeError(
+                f"Ray could not place the run's actors within {timeout_s:g} s ({self.mode}: {asked}): no node (or "
+                "set of nodes) has room for the bundles. Lower the per-actor resources, use "
+                "trainer.placement=disaggregate (smaller bundles), or add nodes"
+            )
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    bundle = {"CPU": cpus}
+    if gpus > 0:
+        bundle["GPU"] = gpus
+    return bundle

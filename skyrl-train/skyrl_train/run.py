@@ -18,7 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -61,6 +61,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from skyrl_train.backends.ray_group import FSDPBackend
+    from skyrl_train.ray_cluster import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class _Session:
         )
         self.worker_groups: list[FSDPBackend] = []  # trainer.backend=fsdp: the Ray actor groups to stop
         self.started_ray = False  # whether this run started Ray (and so shuts it down)
+        self.placement: Placement | None = None  # the placement groups of the run's actors
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -190,24 +192,27 @@ class _Session:
         )
 
     def _start_ray(self, parts: RunComponents) -> None:
-        """Join or start Ray when some role runs in actors, after checking the cluster can hold them all."""
-        from skyrl_train.ray_cluster import ActorDemand, ensure_ray
+        """Join or start Ray when some role runs in actors; check the cluster holds them; reserve their bundles."""
+        from skyrl_train.ray_cluster import ActorDemand, Placement, RoleSpec, ensure_ray
 
         t, engine = self.config.trainer, parts.engine
-        demands = []
+        roles, demands = [], []
         if t.backend == "fsdp":
-            groups = 1 + (parts.ref is not None) + (parts.critic is not None)
+            models = ["policy", *(["ref"] if parts.ref is not None else []), *(["critic"] if parts.critic else [])]
+            roles += [RoleSpec(m, t.num_training_workers, t.num_cpus_per_worker, t.num_gpus_per_worker) for m in models]
+            what = f"{len(models)} training worker groups × trainer.num_training_workers={t.num_training_workers}"
             demands.append(
                 ActorDemand(
-                    groups * t.num_training_workers,
+                    len(models) * t.num_training_workers,
                     t.num_cpus_per_worker,
                     t.num_gpus_per_worker,
-                    f"{groups} training worker groups × trainer.num_training_workers={t.num_training_workers}",
+                    what,
                     "trainer.num_cpus_per_worker",
                     "trainer.num_gpus_per_worker",
                 )
             )
         if engine.replicas > 1:
+            roles.append(RoleSpec("engines", engine.replicas, engine.cpus_per_replica, engine.gpus_per_replica))
             demands.append(
                 ActorDemand(
                     engine.replicas,
@@ -218,8 +223,15 @@ class _Session:
                     "inference.num_gpus_per_engine",
                 )
             )
-        if demands:
-            self.started_ray = ensure_ray(demands)
+        if not roles:
+            return
+        self.started_ray = ensure_ray(demands)
+        self.placement = Placement(roles, t.placement)
+
+    def _actor_options(self, role: str, count: int) -> list[dict[str, Any]]:
+        """Each actor's placement-group options for ``role``."""
+        assert self.placement is not None
+        return [self.placement.options(role, index) for index in range(count)]
 
     def _engine(self, engine: EngineSettings, compute: ComputeThread | None) -> InferenceEngine:
         """The engine in this process, or (``inference.num_engines > 1``) a routed group of engine actors."""
@@ -234,6 +246,7 @@ class _Session:
             options=dict(engine.options),
             num_cpus_per_engine=engine.cpus_per_replica,
             num_gpus_per_engine=engine.gpus_per_replica,
+            actor_options=self._actor_options("engines", engine.replicas),
         )
 
     def _backends(
@@ -253,11 +266,13 @@ class _Session:
             num_gpus_per_worker=t.num_gpus_per_worker,
             dist_backend="nccl" if t.num_gpus_per_worker > 0 else "gloo",
         )
-        self.worker_groups = [FSDPBackend(parts.policy, group)]
+        n = t.num_training_workers
+        self.worker_groups = [FSDPBackend(parts.policy, group, actor_options=self._actor_options("policy", n))]
         if parts.ref is not None:
-            self.worker_groups.append(FSDPBackend(parts.ref, group))
+            self.worker_groups.append(FSDPBackend(parts.ref, group, actor_options=self._actor_options("ref", n)))
         if parts.critic is not None:
-            self.worker_groups.append(FSDPBackend(parts.critic, group, role="critic"))
+            options = self._actor_options("critic", n)
+            self.worker_groups.append(FSDPBackend(parts.critic, group, role="critic", actor_options=options))
         groups = iter(self.worker_groups)
         policy = next(groups)
         ref = next(groups) if parts.ref is not None else None
@@ -362,6 +377,9 @@ class _Session:
         """Stop the worker groups, then Ray if this run started it."""
         for group in self.worker_groups:
             group.close()
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
         if self.started_ray:
             import ray
 

@@ -106,6 +106,10 @@ class _Worker:
         worker_class = FSDPCriticWorker if self.role == "critic" else FSDPWorker
         self.backend = worker_class(self.config)
 
+    def node_id(self) -> str:
+        """The Ray node this rank runs on."""
+        return str(ray.get_runtime_context().get_node_id())
+
     def attribute(self, name: str) -> Any:
         return getattr(self.backend, name)
 
@@ -130,14 +134,24 @@ class FSDPBackend:
     is spread over the ranks. Call :meth:`close` to stop the actors.
     """
 
-    def __init__(self, config: BackendConfig, group: WorkerGroupConfig, role: Role = "policy") -> None:
+    def __init__(
+        self,
+        config: BackendConfig,
+        group: WorkerGroupConfig,
+        role: Role = "policy",
+        *,
+        actor_options: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
         check_worker_config(config)
         if not ray.is_initialized():
             raise RuntimeError("FSDPBackend needs Ray: call ray.init() (or ray.init(address=...)) first")
         self.config, self.group, self.role = config, group, role
         # Actor handles are typed Any: Ray's stubs do not know the remote methods of a class wrapped at run time.
         actor: Any = ray.remote(num_cpus=group.num_cpus_per_worker, num_gpus=group.num_gpus_per_worker)(_Worker)
-        self.workers: list[Any] = [actor.remote(role, config) for _ in range(group.num_workers)]
+        options = list(actor_options) if actor_options is not None else [{}] * group.num_workers
+        if len(options) != group.num_workers:
+            raise ValueError(f"{len(options)} actor_options for {group.num_workers} workers: give one per worker")
+        self.workers: list[Any] = [actor.options(**opts).remote(role, config) for opts in options]
         master = ray.get(self.workers[0].address.remote())
         ray.get(
             [

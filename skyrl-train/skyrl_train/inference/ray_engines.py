@@ -47,6 +47,10 @@ class _EngineActor:
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         return await self.engine.generate(prompts, params)
 
+    async def node_id(self) -> str:
+        """The Ray node this engine runs on."""
+        return str(ray.get_runtime_context().get_node_id())
+
     async def update_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         await self.engine.update_weights(weights)
 
@@ -61,7 +65,11 @@ class _EngineActor:
 
 
 class EngineGroup:
-    """``num_engines`` engines of one ``kind`` on Ray actors, routed as one engine (see the module docstring)."""
+    """``num_engines`` engines of one ``kind`` on Ray actors, routed as one engine (see the module docstring).
+
+    ``actor_options`` (one dict per engine, e.g. a placement group from ``skyrl_train.ray_cluster.Placement``) are
+    passed to each actor's ``.options``.
+    """
 
     def __init__(
         self,
@@ -74,6 +82,7 @@ class EngineGroup:
         num_gpus_per_engine: float = 0.0,
         router: RouterConfig | None = None,
         max_restarts: int = 3,
+        actor_options: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         if kind == "remote":
             raise ValueError("remote engines already run elsewhere: list their URLs instead of num_engines")
@@ -83,7 +92,12 @@ class EngineGroup:
         actor: Any = ray.remote(num_cpus=num_cpus_per_engine, num_gpus=num_gpus_per_engine, max_restarts=max_restarts)(
             _EngineActor
         )
-        self.engines: list[Any] = [actor.remote(kind, model_path, dict(options or {})) for _ in range(num_engines)]
+        per_actor = list(actor_options) if actor_options is not None else [{}] * num_engines
+        if len(per_actor) != num_engines:
+            raise ValueError(f"{len(per_actor)} actor_options for {num_engines} engines: give one per engine")
+        self.engines: list[Any] = [
+            actor.options(**opts).remote(kind, model_path, dict(options or {})) for opts in per_actor
+        ]
         self.router = PrefixRouter(num_engines, router)
         self._weights: Any = None  # the object-store copy of the latest weights, for engines that restart
         self.restarts = 0  # requests sent again after their engine died
