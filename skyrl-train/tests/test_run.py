@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from skyrl_train import cli
 from skyrl_train.backends import TorchBackend
 from skyrl_train.backends.critic import CriticBackend
-from skyrl_train.config import Config, ConfigError, load_config, resolve, validate
+from skyrl_train.config import Config, ConfigError, load_config, resolve, to_yaml, validate
 from skyrl_train.inference.local import LocalEngine
 from skyrl_train.run import _Session, critic_backend_config, run
 
@@ -360,3 +365,45 @@ def test_fsdp_groups_bigger_than_the_cluster_fail_before_any_model_loads(tiny_mo
     import ray
 
     assert not ray.is_initialized()  # the run started Ray, and stopped it on the way out
+
+
+@pytest.mark.ray
+def test_a_sigkilled_fsdp_run_resumes_to_the_uninterrupted_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Killed without warning after its step-2 checkpoint, the run resumes from it and logs what it would have."""
+    steps = ("trainer.max_training_steps=4", "trainer.ckpt_interval=2", *FSDP)
+    full = run(_config(tiny_model_dir, tmp_path / "d1", tmp_path / "full", *steps))
+    split = tmp_path / "split"
+    config = _config(tiny_model_dir, tmp_path / "d2", split, *steps)
+    config_file = tmp_path / "split.yaml"
+    config_file.write_text(to_yaml(config))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLABLE_RUN, str(config_file), str(Path(__file__).parent)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    checkpoint = split / "checkpoints" / "global_step_2" / "trainer_state.json"
+    deadline = time.monotonic() + 600
+    while not checkpoint.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert checkpoint.exists(), "the child run never wrote its step-2 checkpoint"
+    os.killpg(child.pid, signal.SIGKILL)  # the driver and everything it started, without warning
+    assert child.wait() == -signal.SIGKILL  # killed mid-run, not finished
+    resumed = run(_config(tiny_model_dir, tmp_path / "d2", split, *steps))
+    assert resumed.global_step == 4
+    expected, got = _metrics(full.run_dir), _metrics(resumed.run_dir)
+    for step in (3, 4):
+        assert got[step] == expected[step], f"step {step} differs after resume"
+
+
+_KILLABLE_RUN = """
+import sys
+import skyrl_gym
+from skyrl_train.config import load_config
+from skyrl_train.run import run
+sys.path.insert(0, sys.argv[2])
+from test_run import DistinctCharsEnv, FlatEnv  # the run's envs, registered as this test module does
+skyrl_gym.register("test_distinct_chars", entry_point=DistinctCharsEnv)
+skyrl_gym.register("test_flat", entry_point=FlatEnv)
+run(load_config(sys.argv[1], []), echo_config=False)
+"""

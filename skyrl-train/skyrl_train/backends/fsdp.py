@@ -140,12 +140,32 @@ class FSDPWorker(TorchBackend):
         path = Path(path)
         if not (path / "backend.json").is_file() or not (path / CHECKPOINT_DIR).is_dir():
             raise FileNotFoundError(f"{path} is not an FSDP backend checkpoint (no backend.json and {CHECKPOINT_DIR}/)")
+        self._materialize_optimizer_state()
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         dcp_load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path / CHECKPOINT_DIR))
         # dcp_load fills the state dicts it is given in place
         set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         self.global_step = int(json.loads((path / "backend.json").read_text())["global_step"])
+
+    def _materialize_optimizer_state(self) -> None:
+        """Give a fresh AdamW its (zero) moments, so a checkpoint's moments have somewhere to load into.
+
+        AdamW creates its state on its first step; loaded into a state dict without entries, the checkpoint's
+        moments would be silently dropped and the resumed run would restart Adam from scratch. A step at lr 0 on
+        zero gradients creates the entries and leaves every weight as it is (the loaded values replace them).
+        """
+        if self.optimizer.state:
+            return
+        rates = [group["lr"] for group in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["lr"] = 0.0
+            for param in group["params"]:
+                param.grad = torch.zeros_like(param)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
 
     def export_hf(self, path: Path, tokenizer_path: str | Path | None = None) -> None:
         """Rank 0 writes the Hugging Face directory from the gathered weights; the other ranks only gather."""
