@@ -285,6 +285,8 @@ class EnvironmentConfig:
 
     env_class: str = "gsm8k"  # env id for rows without an env_class column
     max_env_workers: int = 32  # threads for env init/step/close; 0 runs them inline
+    num_env_workers: int = 0  # > 0: that many Ray actors hold the envs and run their calls; 0: this process
+    num_cpus_per_env_worker: float = 1.0  # CPUs an env worker actor asks Ray for
     env_configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # env id -> its env_config mapping
 
 
@@ -858,6 +860,8 @@ def _check_trainer(config: Config) -> list[str]:
     problems += _check_workers(config)
     if t.resume_mode == "from_path":
         problems += _check_resume_path(t.resume_path)
+    if config.environment.num_env_workers < 0 or config.environment.num_cpus_per_env_worker < 0:
+        problems.append("environment.num_env_workers and environment.num_cpus_per_env_worker must be >= 0")
     if config.environment.max_env_workers < 0:
         problems.append(f"environment.max_env_workers must be >= 0, got {config.environment.max_env_workers}")
     problems += _check_env_class(config.environment.env_class)

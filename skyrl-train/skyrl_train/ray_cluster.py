@@ -9,6 +9,7 @@ loads, a cluster too small for them (an actor Ray cannot place would wait foreve
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +34,8 @@ class ActorDemand:
 def ensure_ray(demands: Sequence[ActorDemand]) -> bool:
     """Connect to Ray (``RAY_ADDRESS``'s cluster, else a new local one) and check it can hold every actor.
 
+    Without ``RAY_ADDRESS`` a fresh local cluster starts even when another one runs on the machine.
+
     Returns whether this call started Ray (the caller then shuts it down). The check runs before any model loads:
     an actor that asks for more than the cluster has would wait forever instead of failing.
 
@@ -42,7 +45,9 @@ def ensure_ray(demands: Sequence[ActorDemand]) -> bool:
     """
     started = not ray.is_initialized()
     if started:
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # "local": a fresh cluster of this machine, never one another process happens to have started.
+        address = os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     available = ray.cluster_resources()  # type: ignore[no-untyped-call]
     for resource, per_actor, key in (("CPU", "cpus", "cpu_key"), ("GPU", "gpus", "gpu_key")):
         asked = sum(d.count * getattr(d, per_actor) for d in demands)

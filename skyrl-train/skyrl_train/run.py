@@ -61,6 +61,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from skyrl_train.backends.ray_group import FSDPBackend
+    from skyrl_train.generators.env_workers import EnvWorkers
     from skyrl_train.ray_cluster import Placement
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class _Session:
         self.worker_groups: list[FSDPBackend] = []  # trainer.backend=fsdp: the Ray actor groups to stop
         self.started_ray = False  # whether this run started Ray (and so shuts it down)
         self.placement: Placement | None = None  # the placement groups of the run's actors
+        self.env_workers: EnvWorkers | None = None  # environment.num_env_workers > 0: the env actors
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -164,7 +166,7 @@ class _Session:
         policy, ref, critic = self._backends(parts, compute)
         engine = parts.engine
         self.engine = self._engine(engine, compute)
-        generator = SkyRLGymGenerator(self.engine, self.tokenizer, parts.generator)
+        generator = SkyRLGymGenerator(self.engine, self.tokenizer, parts.generator, env_workers=self._env_workers())
         self.tracker = Tracker.create(
             config.trainer.logger,
             self.run_dir,
@@ -223,15 +225,42 @@ class _Session:
                     "inference.num_gpus_per_engine",
                 )
             )
-        if not roles:
+        env = self.config.environment
+        if env.num_env_workers > 0:  # any node with free CPUs: no placement group
+            demands.append(
+                ActorDemand(
+                    env.num_env_workers,
+                    env.num_cpus_per_env_worker,
+                    0.0,
+                    f"environment.num_env_workers={env.num_env_workers}",
+                    "environment.num_cpus_per_env_worker",
+                    "environment.num_cpus_per_env_worker",
+                )
+            )
+        if not demands:
             return
         self.started_ray = ensure_ray(demands)
-        self.placement = Placement(roles, t.placement)
+        if roles:
+            self.placement = Placement(roles, t.placement)
 
     def _actor_options(self, role: str, count: int) -> list[dict[str, Any]]:
         """Each actor's placement-group options for ``role``."""
         assert self.placement is not None
         return [self.placement.options(role, index) for index in range(count)]
+
+    def _env_workers(self) -> EnvWorkers | None:
+        """``environment.num_env_workers`` actors holding the run's envs, or None (envs in this process)."""
+        env = self.config.environment
+        if env.num_env_workers == 0:
+            return None
+        from skyrl_train.generators.env_workers import EnvWorkers
+
+        self.env_workers = EnvWorkers(
+            env.num_env_workers,
+            num_cpus_per_worker=env.num_cpus_per_env_worker,
+            concurrency=max(env.max_env_workers, 1),
+        )
+        return self.env_workers
 
     def _engine(self, engine: EngineSettings, compute: ComputeThread | None) -> InferenceEngine:
         """The engine in this process, or (``inference.num_engines > 1``) a routed group of engine actors."""
@@ -377,6 +406,9 @@ class _Session:
         """Stop the worker groups, then Ray if this run started it."""
         for group in self.worker_groups:
             group.close()
+        if self.env_workers is not None:
+            self.env_workers.close()
+            self.env_workers = None
         if self.placement is not None:
             self.placement.remove()
             self.placement = None

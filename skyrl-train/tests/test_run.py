@@ -70,10 +70,12 @@ PPO = (
 )
 
 
-def _config(model: Path, data: Path, run_dir: Path, *extra: str, flat_rows: int = 0) -> Config:
+def _config(
+    model: Path, data: Path, run_dir: Path, *extra: str, flat_rows: int = 0, env_class: str = "test_distinct_chars"
+) -> Config:
     """The tiny run; the first ``flat_rows`` training prompts use :class:`FlatEnv` (no reward variance)."""
     rows = [
-        {**row, "env_class": "test_flat" if index < flat_rows else "test_distinct_chars"}
+        {**row, "env_class": "test_flat" if index < flat_rows else env_class}
         for index, row in enumerate(make_demo_dataset("gsm8k", 8))
     ]
     train = write_dataset(rows, data / "train", ["jsonl"])[0]
@@ -407,3 +409,29 @@ skyrl_gym.register("test_distinct_chars", entry_point=DistinctCharsEnv)
 skyrl_gym.register("test_flat", entry_point=FlatEnv)
 run(load_config(sys.argv[1], []), echo_config=False)
 """
+
+
+@pytest.mark.ray
+def test_env_workers_hold_the_runs_envs(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """environment.num_env_workers=2: every env of the run is made in a worker actor, and none fails there."""
+    from skyrl_train.generators.env_workers import EnvWorkers
+
+    made: list[str] = []
+    make = EnvWorkers.make
+
+    async def counting_make(self: EnvWorkers, env_class: str, *args: Any) -> Any:
+        made.append(env_class)
+        return await make(self, env_class, *args)
+
+    monkeypatch.setattr(EnvWorkers, "make", counting_make)
+    workers = ("environment.num_env_workers=2", "environment.num_cpus_per_env_worker=0.5")
+    # gsm8k: built in, so registered in the workers too (the test's own envs exist only in this process)
+    config = _config(
+        tiny_model_dir, tmp_path / "d", tmp_path / "run", "trainer.max_training_steps=1", *workers, env_class="gsm8k"
+    )
+    result = run(config)
+    assert result.global_step == 1
+    step = _metrics(result.run_dir)[1]
+    assert not [key for key in step if key in ("rollout/stop_env_error", "rollout/stop_timeout")]  # no env failed
+    # 4 prompts × 2 samples for the step, and the 4 eval prompts evaluated before training and after the step
+    assert made.count("gsm8k") == 4 * 2 + 2 * 4

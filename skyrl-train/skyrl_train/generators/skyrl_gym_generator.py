@@ -67,6 +67,8 @@ from skyrl_train.inference.base import GenerationOutput, InferenceEngine, Sampli
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from skyrl_train.generators.env_workers import EnvWorkers
+
 __all__ = [
     "FAILURE_STOP_REASONS",
     "EngineError",
@@ -247,6 +249,8 @@ class SkyRLGymGenerator:
         config: Generator settings; default :class:`GeneratorConfig()`.
         env_runner: Thread pool for blocking env calls; default one of ``config.max_env_workers`` threads, or
             skyrl-gym's shared pool.
+        env_workers: Make every env in Ray actors instead of this process
+            (:class:`~skyrl_train.generators.env_workers.EnvWorkers`; the caller owns and closes them).
     """
 
     def __init__(
@@ -256,8 +260,10 @@ class SkyRLGymGenerator:
         config: GeneratorConfig | None = None,
         *,
         env_runner: EnvRunner | None = None,
+        env_workers: EnvWorkers | None = None,
     ) -> None:
         self.engine = engine
+        self.env_workers = env_workers
         self.config = config or GeneratorConfig()
         self.chat = ChatEncoder(
             tokenizer,
@@ -429,12 +435,17 @@ class SkyRLGymGenerator:
             rollout.fail(_classify(exc, what))
         return None
 
-    async def _start(self, rollout: _Rollout, prompt: list[dict[str, str]], extras: Mapping[str, Any]) -> Env[Any, Any]:
+    async def _start(self, rollout: _Rollout, prompt: list[dict[str, str]], extras: Mapping[str, Any]) -> Any:
         """Make the env, ``init`` it with a copy of the prompt, and set the prompt ids."""
-        make = functools.partial(
-            _make_env, rollout.env_class, self.config.env_configs.get(rollout.env_class), extras, self.config.max_turns
-        )
-        env = await self._env_call(rollout, "make", lambda: self.env_runner.run(make))
+        args = (rollout.env_class, self.config.env_configs.get(rollout.env_class), extras, self.config.max_turns)
+        workers = self.env_workers
+        env: Any  # an Env, or a RemoteEnv standing in for one (the same calls, made in a worker)
+        if workers is not None:
+            env = await self._env_call(rollout, "make", lambda: workers.make(*args))
+        else:
+            env = await self._env_call(
+                rollout, "make", lambda: self.env_runner.run(functools.partial(_make_env, *args))
+            )
         rollout.env = env
         initial = await self._env_call(rollout, "init", lambda: self.env_runner.ainit(env, copy.deepcopy(prompt)))
         if not (isinstance(initial, tuple) and len(initial) == 2 and isinstance(initial[0], list)):
