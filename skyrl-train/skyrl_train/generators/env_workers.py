@@ -21,6 +21,8 @@ from typing import Any
 
 import ray
 
+from skyrl_train.generators.envs import make_env
+
 __all__ = ["EnvWorkers", "RemoteEnv"]
 
 
@@ -35,9 +37,7 @@ class _EnvWorker:
         self.lock = threading.Lock()
 
     def make(self, env_class: str, env_config: Any, extras: Mapping[str, Any], max_turns: int) -> int:
-        from skyrl_train.generators.skyrl_gym_generator import _make_env
-
-        env = _make_env(env_class, env_config, extras, max_turns)
+        env = make_env(env_class, env_config, extras, max_turns)
         with self.lock:
             env_id = next(self.ids)
             self.envs[env_id] = env

@@ -57,11 +57,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import skyrl_gym
 from skyrl_gym.async_env import EnvRunner, default_runner
 from skyrl_gym.core import Env
 from skyrl_train.generators.base import FAILURE_STOP_REASONS, GeneratorInput, GeneratorOutput, TrajectoryStopReason
 from skyrl_train.generators.chat import ChatEncoder
+from skyrl_train.generators.envs import make_env
 from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
 
 if TYPE_CHECKING:
@@ -443,9 +443,7 @@ class SkyRLGymGenerator:
         if workers is not None:
             env = await self._env_call(rollout, "make", lambda: workers.make(*args))
         else:
-            env = await self._env_call(
-                rollout, "make", lambda: self.env_runner.run(functools.partial(_make_env, *args))
-            )
+            env = await self._env_call(rollout, "make", lambda: self.env_runner.run(functools.partial(make_env, *args)))
         rollout.env = env
         initial = await self._env_call(rollout, "init", lambda: self.env_runner.ainit(env, copy.deepcopy(prompt)))
         if not (isinstance(initial, tuple) and len(initial) == 2 and isinstance(initial[0], list)):
@@ -661,15 +659,6 @@ def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
 
 def _mean(values: Sequence[float]) -> float:
     return float(statistics.fmean(values))
-
-
-def _make_env(env_class: str, env_config: Any, extras: Mapping[str, Any], max_turns: int) -> Env[Any, Any]:
-    """``skyrl_gym.make`` with ``extras`` plus ``max_turns``, in a new dict.
-
-    The copy is shallow on purpose: extras may hold callables and clients (e.g. an ``lm_callback``) that must not
-    be duplicated. Envs must not mutate nested values, which the samples of one prompt may share.
-    """
-    return skyrl_gym.make(env_class, env_config=env_config, extras={**extras, "max_turns": max_turns})
 
 
 class InlineEnvRunner(EnvRunner):
