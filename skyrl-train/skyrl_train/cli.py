@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skyrl_train.config import ConfigError, load_config
+from skyrl_train.data.dataset import DatasetError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from skyrl_train.run import run
 
         result = run(config)
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, DatasetError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"done: {result.global_step} steps in {result.wall_seconds:.0f} s; run directory {result.run_dir}")

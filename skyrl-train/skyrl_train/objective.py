@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from skyrl_train.algorithms import entropy_bonus, get_policy_loss, kl_loss, loss_weights, value_loss
+from skyrl_train.algorithms import entropy_bonus, get_policy_loss, kl_loss, loss_weights, masked_mean, value_loss
 from skyrl_train.algorithms.kl import KLEstimatorName
 from skyrl_train.algorithms.policy_losses import PolicyLossConfig
 from skyrl_train.algorithms.reductions import LossReduction
@@ -102,6 +102,7 @@ def make_loss_fn(objective: Objective) -> LossFn:
             loss = loss + entropy_bonus(
                 output.entropy, batch.response_mask, objective.entropy_coef, token_weights=weights
             )
+            metrics["policy/entropy"] = masked_mean(output.entropy.detach(), batch.response_mask).item()
         return loss, metrics
 
     return loss_fn

@@ -3,16 +3,22 @@
 Backends (``trainer.logger``):
 
 =================  ===========================================================================================
-``console``        a progress bar and one compact metrics line per step (``rich`` when installed, else plain)
-``jsonl``          ``{run_dir}/metrics.jsonl`` (one ``{"step", "time", **metrics}`` line per step) and
+``console``        a progress bar and one line per step, at most 160 characters: reward, loss, KL, grad norm,
+                   rollout log-prob gap, response length and the step time split into generate / prepare /
+                   update / weight sync (``rich`` when installed, else plain); an evaluation adds its own line
+``jsonl``          ``{run_dir}/metrics.jsonl`` (one ``{"step", "time", **metrics}`` line per record) and
                    ``{run_dir}/samples.jsonl`` (a few decoded trajectories per step)
 ``tensorboard``    event files under ``{run_dir}/tensorboard`` (needs the ``tensorboard`` package)
 ``wandb``          a Weights & Biases run, resumed across restarts of the same run dir (needs ``wandb``)
 =================  ===========================================================================================
 
-At :meth:`Tracker.finish` a PNG of the reward and other key curves is drawn from ``metrics.jsonl``
-(``{run_dir}/metrics.png``, needs ``matplotlib``). After a resume, ``metrics.jsonl`` may repeat steps logged
-after the checkpoint; readers keep the last line of each step.
+At :meth:`Tracker.finish` the curves people read are drawn from ``metrics.jsonl`` into ``{run_dir}/metrics.png``
+(needs ``matplotlib``): one panel each of ``PLOT_PANELS`` (train and eval reward, policy and value loss, KL,
+entropy, grad norm, rollout log-prob gap, response length, the stacked step-time breakdown) whose metrics were
+logged; a metric that never changed over the run (a ``reward/max`` stuck at 1, an ``approx_kl`` that is exactly 0)
+is left out, except on the reward panels, where a flat line is the news. ``metrics.jsonl`` holds one line per
+:meth:`Tracker.log` call, so an evaluation step has two lines (training and ``eval/…``) and a resumed run may repeat
+steps logged after its checkpoint; readers merge the lines of a step, later values winning.
 
 Errors::
 
@@ -29,22 +35,26 @@ import math
 import numbers
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol
 
 __all__ = [
     "LOGGERS",
+    "PLOT_PANELS",
     "ConsoleBackend",
     "JsonlBackend",
+    "PlotPanel",
     "TensorBoardBackend",
     "Tracker",
     "TrackingBackend",
     "TrackingError",
     "WandbBackend",
+    "choose_panels",
+    "format_console_line",
     "plot_metrics",
     "read_metrics",
-    "select_plot_keys",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,17 +63,27 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 PLOT_FILE = "metrics.png"
-# Substrings that make a metric "key": shown on the console line and plotted, in this order of preference.
-KEY_METRIC_PATTERNS = (
-    "reward",
-    "loss",
-    "kl",
-    "entropy",
-    "grad_norm",
-    "response_length",
-    "num_tokens",
-    "timing",
-    "time",
+CONSOLE_WIDTH = 160
+# The console line's columns in order: each is (label, metric) alternatives, the first one logged wins. KL is the
+# penalty against the reference when there is one, else the old→new policy estimate.
+CONSOLE_COLUMNS: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("reward", "reward/mean"),),
+    (("eval", "eval/all/reward_mean"),),
+    (("pass", "eval/all/pass_rate"),),
+    (("loss", "policy/loss"),),
+    (("vf_loss", "critic/value_loss"),),
+    (("kl", "policy/kl"), ("kl", "reward/kl"), ("approx_kl", "policy/approx_kl")),
+    (("entropy", "policy/entropy"),),
+    (("grad_norm", "policy/grad_norm"),),
+    (("lp_gap", "policy/rollout_logprob_gap"),),
+    (("resp_len", "generate/num_tokens/mean"),),
+)
+# The parts of ``timing/step_s`` shown after it, with their short labels.
+TIMING_PARTS = (
+    ("gen", "timing/generate_s"),
+    ("prep", "timing/prepare_s"),
+    ("upd", "timing/update_s"),
+    ("sync", "timing/weight_sync_s"),
 )
 
 
@@ -98,50 +118,38 @@ def _optional_import(module: str, purpose: str, install: str) -> Any:
 
 
 class ConsoleBackend:
-    """A progress bar over ``total_steps`` and a line of the key metrics after each step.
+    """A progress bar over ``total_steps`` and one line per logged record (see :func:`format_console_line`).
 
     Args:
         total_steps: the bar's length; ``None`` shows a counter without a total.
-        keys: metrics shown on the line; ``None`` picks up to ``max_keys`` by ``KEY_METRIC_PATTERNS``.
         stream: where to write (default: standard output at the time of writing).
-        max_keys: how many metrics the line shows when ``keys`` is ``None``.
+        width: the longest line written; columns that do not fit are left out (``metrics.jsonl`` has them all).
     """
 
     def __init__(
-        self,
-        total_steps: int | None = None,
-        keys: Sequence[str] | None = None,
-        stream: IO[str] | None = None,
-        max_keys: int = 8,
+        self, total_steps: int | None = None, stream: IO[str] | None = None, width: int = CONSOLE_WIDTH
     ) -> None:
         self.total_steps = total_steps
-        self.keys = list(keys) if keys is not None else None
-        self.max_keys = max_keys
+        self.width = width
         self._stream = stream
         self._progress: Any = None
         self._task: Any = None
         self._closed = False
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        """Advance the bar to ``step`` and print the metrics line."""
-        line = self.format_line(metrics, step)
+        """Advance the bar to ``step`` and print the step's line."""
+        line = format_console_line(metrics, step, self.total_steps, self.width)
         progress = self._ensure_progress()
         if progress is None:
             print(line, file=self._stream, flush=True)
             return
-        progress.console.print(line, markup=False, highlight=False)
+        # soft_wrap: never break the line at the console's width (80 columns when writing to a file or pipe).
+        progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
         progress.update(self._task, completed=step)
         progress.refresh()
 
     def log_samples(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         """Samples are not printed: they would drown the metrics lines."""
-
-    def format_line(self, metrics: Mapping[str, float], step: int) -> str:
-        """``step 3/10 | reward/mean=0.25 policy/loss=-0.013 …`` with the chosen keys."""
-        keys = self.keys if self.keys is not None else select_plot_keys(metrics, self.max_keys)
-        total = f"/{self.total_steps}" if self.total_steps else ""
-        shown = " ".join(f"{key}={_format_number(metrics[key])}" for key in keys if key in metrics)
-        return f"step {step}{total} | {shown}"
 
     def _ensure_progress(self) -> Any:
         if self._progress is not None or self._closed:
@@ -171,8 +179,43 @@ class ConsoleBackend:
         self._closed = True
 
 
+def format_console_line(
+    metrics: Mapping[str, float], step: int, total_steps: int | None = None, width: int = CONSOLE_WIDTH
+) -> str:
+    """One line of at most ``width`` characters for a record of metrics.
+
+    ``step 3/10  reward 0.25  loss -0.0131  approx_kl 0.0002  grad_norm 0.41  lp_gap 0.003  resp_len 42.5
+    time 2.51s (gen 1.2 prep 0.1 upd 1.1 sync 0.06)``: the ``CONSOLE_COLUMNS`` that were logged, then the step
+    time and its parts. A record with none of them (a custom loop's) shows its own metrics in name order. Columns
+    that would pass ``width`` are left out from the end.
+    """
+    total = f"/{total_steps}" if total_steps else ""
+    fields = [f"{label} {_format_number(metrics[key])}" for label, key in _console_columns(metrics)]
+    if "timing/step_s" in metrics:
+        parts = " ".join(f"{label} {_format_number(metrics[key])}" for label, key in TIMING_PARTS if key in metrics)
+        fields.append(f"time {_format_number(metrics['timing/step_s'])}s" + (f" ({parts})" if parts else ""))
+    if not fields:
+        fields = [f"{key} {_format_number(value)}" for key, value in sorted(metrics.items())]
+    line = f"step {step}{total}"
+    for field_text in fields:
+        if len(line) + 2 + len(field_text) > width:
+            break
+        line += "  " + field_text
+    return line
+
+
+def _console_columns(metrics: Mapping[str, float]) -> list[tuple[str, str]]:
+    """``(label, metric)`` of each ``CONSOLE_COLUMNS`` entry that has a logged alternative."""
+    chosen = []
+    for alternatives in CONSOLE_COLUMNS:
+        present = [(label, key) for label, key in alternatives if key in metrics]
+        if present:
+            chosen.append(present[0])
+    return chosen
+
+
 def _format_number(value: float) -> str:
-    return f"{value:.4g}"
+    return f"{value:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------------- jsonl
@@ -342,7 +385,7 @@ class Tracker:
         try:
             for name in dict.fromkeys(loggers):  # keeps order, drops repeats
                 if name == "console":
-                    backends.append(ConsoleBackend(total_steps, stream=console_stream))
+                    backends.append(ConsoleBackend(total_steps, console_stream))
                 elif name == "jsonl":
                     backends.append(JsonlBackend(run_dir))
                 elif name == "tensorboard":
@@ -418,7 +461,10 @@ def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:
-    """``step → metrics`` from a metrics JSONL; a step logged twice (after a resume) keeps its last line.
+    """``step → metrics`` from a metrics JSONL; the lines of one step are merged, a later value winning.
+
+    A step has several lines when it was evaluated (the training and the ``eval/…`` records) or logged again after
+    a resume.
 
     Raises:
         TrackingError: a line is not valid JSON or has no ``step``.
@@ -434,50 +480,133 @@ def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise TrackingError(f"{path}: line {number} is not a metrics record ({exc})") from exc
             record.pop("time", None)
-            by_step[step] = {k: float(v) for k, v in record.items() if isinstance(v, numbers.Real)}
+            values = {k: float(v) for k, v in record.items() if isinstance(v, numbers.Real)}
+            by_step.setdefault(step, {}).update(values)
     return dict(sorted(by_step.items()))
 
 
-def select_plot_keys(metrics: Mapping[str, Any] | Sequence[str], limit: int = 6) -> list[str]:
-    """Up to ``limit`` key metrics: those matching ``KEY_METRIC_PATTERNS`` in pattern order, else sorted names."""
-    names = sorted(metrics)
-    chosen: list[str] = []
-    for pattern in KEY_METRIC_PATTERNS:
-        chosen.extend(name for name in names if pattern in name and name not in chosen)
-    chosen.extend(name for name in names if name not in chosen)
-    return chosen[:limit]
+@dataclass(frozen=True)
+class PlotPanel:
+    """One panel of ``metrics.png``: the metrics it draws, in legend order."""
+
+    title: str
+    metrics: tuple[str, ...]
+    stacked: bool = False  # the metrics are parts of one total: drawn as stacked areas
+    keep_flat: bool = False  # drawn even when the metric never changed (a flat reward is what a reader looks for)
+
+
+PLOT_PANELS = (
+    PlotPanel("reward (train mean)", ("reward/mean",), keep_flat=True),
+    PlotPanel("eval reward", ("eval/all/reward_mean",), keep_flat=True),
+    PlotPanel("policy loss", ("policy/loss",)),
+    PlotPanel("value loss", ("critic/value_loss",)),
+    PlotPanel("KL", ("policy/kl", "reward/kl", "policy/approx_kl")),
+    PlotPanel("entropy", ("policy/entropy",)),
+    PlotPanel("grad norm", ("policy/grad_norm", "critic/grad_norm")),
+    PlotPanel("rollout log-prob gap", ("policy/rollout_logprob_gap",)),
+    PlotPanel("response length (tokens)", ("generate/num_tokens/mean", "generate/num_generated_tokens/mean")),
+    PlotPanel("step time (s)", tuple(key for _, key in TIMING_PARTS), stacked=True),
+)
+FALLBACK_PANELS = 6  # panels of a run that logged none of PLOT_PANELS' metrics (a custom loop)
+
+
+def choose_panels(by_step: Mapping[int, Mapping[str, float]]) -> list[PlotPanel]:
+    """The ``PLOT_PANELS`` worth drawing for ``by_step`` (as :func:`read_metrics` returns), narrowed to their metrics.
+
+    A panel keeps its metrics that were logged, changed over the run (unless ``keep_flat``) and are not the same
+    curve as one it already keeps; a stacked panel keeps every logged part while any of them changed (each part is a
+    share of the total). A run with none of these metrics gets a panel for each of its first ``FALLBACK_PANELS``
+    changing metrics.
+    """
+    series = _series(by_step)
+    panels = []
+    for panel in PLOT_PANELS:
+        kept = _panel_metrics(panel, series)
+        if kept:
+            panels.append(replace(panel, metrics=kept))
+    if panels:
+        return panels
+    changing = [key for key in sorted(series) if not _flat(series[key])]
+    return [PlotPanel(key, (key,)) for key in changing[:FALLBACK_PANELS]]
+
+
+def _panel_metrics(panel: PlotPanel, series: Mapping[str, list[tuple[int, float]]]) -> tuple[str, ...]:
+    """The metrics of ``panel`` worth drawing (see :func:`choose_panels`)."""
+    logged = [key for key in panel.metrics if key in series]
+    if panel.stacked:
+        return tuple(logged) if not all(_flat(series[key]) for key in logged) else ()
+    kept: list[str] = []
+    for key in logged:
+        if not panel.keep_flat and _flat(series[key]):
+            continue
+        if any(series[key] == series[other] for other in kept):
+            continue  # the same curve under another name (generated tokens = response tokens without env turns)
+        kept.append(key)
+    return tuple(kept)
+
+
+def _series(by_step: Mapping[int, Mapping[str, float]]) -> dict[str, list[tuple[int, float]]]:
+    """``metric → [(step, value), ...]`` in step order."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step, metrics in sorted(by_step.items()):
+        for key, value in metrics.items():
+            series.setdefault(key, []).append((step, value))
+    return series
+
+
+def _flat(points: Sequence[tuple[int, float]]) -> bool:
+    """Whether a metric logged more than once never changed."""
+    return len(points) > 1 and all(value == points[0][1] for _, value in points)
 
 
 def plot_metrics(
     metrics_path: str | Path, out_path: str | Path, keys: Sequence[str] | None = None, columns: int = 2
 ) -> Path:
-    """Draw one panel per metric (reward first) against the step and save a PNG; return ``out_path``.
+    """Draw the :func:`choose_panels` panels (or one per metric of ``keys``) against the step; return ``out_path``.
 
     Uses matplotlib's Agg canvas directly, so no display and no global pyplot state are involved.
 
     Raises:
-        TrackingError: matplotlib is missing, or the metrics file is unreadable or empty.
+        TrackingError: matplotlib is missing, the metrics file is unreadable or empty, or none of ``keys`` is in it.
     """
     matplotlib_figure = _optional_import("matplotlib.figure", "plotting metrics", "matplotlib")
     agg = _optional_import("matplotlib.backends.backend_agg", "plotting metrics", "matplotlib")
     by_step = read_metrics(metrics_path)
     if not by_step:
         raise TrackingError(f"{metrics_path} holds no metrics to plot")
-    available = {key for metrics in by_step.values() for key in metrics}
-    keys = [k for k in keys if k in available] if keys is not None else select_plot_keys(sorted(available))
-    if not keys:
+    if keys is None:
+        panels = choose_panels(by_step)
+    else:
+        available = {key for metrics in by_step.values() for key in metrics}
+        panels = [PlotPanel(key, (key,)) for key in keys if key in available]
+    if not panels:
         raise TrackingError(f"none of the requested metrics are in {metrics_path}")
-    rows = math.ceil(len(keys) / columns)
+    rows = math.ceil(len(panels) / columns)
     figure = matplotlib_figure.Figure(figsize=(5 * columns, 3 * rows), layout="constrained")
     agg.FigureCanvasAgg(figure)
-    for index, key in enumerate(keys):
+    series = _series(by_step)
+    for index, panel in enumerate(panels):
         axes = figure.add_subplot(rows, columns, index + 1)
-        points = [(step, metrics[key]) for step, metrics in by_step.items() if key in metrics]
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
-        axes.set_title(key)
+        _draw_panel(axes, panel, series)
+        axes.set_title(panel.title)
         axes.set_xlabel("step")
         axes.grid(alpha=0.3)
+        if panel.metrics != (panel.title,):  # name the curves unless the title already does
+            axes.legend(fontsize="small")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=100)
     return out
+
+
+def _draw_panel(axes: Any, panel: PlotPanel, series: Mapping[str, list[tuple[int, float]]]) -> None:
+    """Lines (or, for a stacked panel, areas over the steps where every part was logged) of the panel's metrics."""
+    if panel.stacked:
+        values = [dict(series[key]) for key in panel.metrics]
+        steps = sorted(set.intersection(*(set(v) for v in values)))
+        axes.stackplot(steps, *[[v[step] for step in steps] for v in values], labels=panel.metrics, alpha=0.8)
+        return
+    for key in panel.metrics:
+        points = series[key]
+        marker = "." if len(points) < 50 else None
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=key)

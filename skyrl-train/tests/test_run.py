@@ -233,6 +233,24 @@ def test_bad_input_fails_before_any_model_loads(tmp_path: Path, capsys: pytest.C
     assert "gsm9k" in capsys.readouterr().err
 
 
+def test_prompts_all_too_long_are_an_error_line_not_a_traceback(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tiny_model_dir, tmp_path / "data", tmp_path / "run", "data.max_prompt_length=8")
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(to_yaml(config))
+    assert cli.main(["--config", str(config_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no prompts left")
+    assert "raise data.max_prompt_length" in err
+
+
+def test_the_entropy_bonus_logs_the_entropy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    steps = ("trainer.max_training_steps=1", "algorithm.entropy_loss_coef=0.01")
+    result = run(_config(tiny_model_dir, tmp_path / "data", tmp_path / "run", *steps))
+    assert _metrics(result.run_dir)[1]["policy/entropy"] > 0
+
+
 def test_one_mini_batch_step_reuses_the_update_forward_on_one_compute_thread(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -43,6 +43,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_spec")
+LENGTH_SETTING = "data.max_prompt_length"  # the run-config key of ``max_prompt_length``, named in messages
 Row = dict[str, Any]
 
 
@@ -86,13 +87,15 @@ class PromptDataset:
         paths: files (or saved Hugging Face dataset directories), concatenated in order.
         default_env_class: env id for rows without ``env_class``.
         tokenizer: with ``max_prompt_length``, drops prompts whose chat-templated length (generation prompt
-            included) exceeds ``max_prompt_length`` tokens; the count is logged and kept in ``num_filtered``.
+            included) exceeds ``max_prompt_length`` tokens; a warning gives the count and the longest length
+            dropped, and ``num_filtered`` keeps the count.
         max_prompt_length: the token budget of a prompt; ``None`` keeps every prompt.
         chat_template_kwargs: extra arguments of ``apply_chat_template`` (the generator's, so lengths agree).
 
     Raises:
         DatasetError: a file is missing or unreadable, a row lacks a required column or has a malformed
-            prompt, or nothing is left after filtering.
+            prompt, the files hold no rows, or every prompt is too long (the message gives the count, the
+            lengths and the length to set ``data.max_prompt_length`` to).
     """
 
     def __init__(
@@ -111,25 +114,37 @@ class PromptDataset:
             offset = len(records)
             rows = read_rows(path)
             records.extend([_record(row, default_env_class, path, i, offset + i) for i, row in enumerate(rows)])
+        where = ", ".join(map(str, paths))
+        if not records:
+            raise DatasetError(f"no prompts in {where}: the files hold no rows")
         self.num_filtered = 0
         if tokenizer is not None and max_prompt_length is not None:
-            records = self._filter_long(records, tokenizer, max_prompt_length, dict(chat_template_kwargs or {}))
-        if not records:
-            raise DatasetError(f"no prompts left in {', '.join(map(str, paths))}")
+            records = self._filter_long(records, tokenizer, max_prompt_length, dict(chat_template_kwargs or {}), where)
         self._records = records
 
     def _filter_long(
-        self, records: list[PromptRecord], tokenizer: ChatTokenizer, max_length: int, kwargs: dict[str, Any]
+        self,
+        records: list[PromptRecord],
+        tokenizer: ChatTokenizer,
+        max_length: int,
+        kwargs: dict[str, Any],
+        where: str,
     ) -> list[PromptRecord]:
         lengths = prompt_lengths(tokenizer, [r.messages for r in records], kwargs)
         kept = [record for record, length in zip(records, lengths, strict=True) if length <= max_length]
         self.num_filtered = len(records) - len(kept)
-        logger.info(
-            "dropped %d of %d prompts longer than max_prompt_length=%d tokens",
-            self.num_filtered,
-            len(records),
-            max_length,
+        if not self.num_filtered:
+            return kept
+        dropped = [length for length in lengths if length > max_length]
+        summary = (
+            f"{self.num_filtered} of {len(records)} prompts in {where} are longer than max_prompt_length="
+            f"{max_length} tokens (chat-templated; the dropped ones have {min(dropped)} to {max(dropped)} tokens)"
         )
+        raise_to = f"raise {LENGTH_SETTING} to at least {max(dropped)}"
+        note = _context_note(tokenizer, max(dropped))
+        if not kept:
+            raise DatasetError(f"no prompts left: {summary}; {raise_to}{note}")
+        logger.warning("%s: dropped them; %s to keep them%s", summary, raise_to, note)
         return kept
 
     def __len__(self) -> int:
@@ -140,6 +155,15 @@ class PromptDataset:
 
     def __iter__(self) -> Iterator[PromptRecord]:
         return iter(self._records)
+
+
+def _context_note(tokenizer: ChatTokenizer, length: int) -> str:
+    """A note for messages when a prompt of ``length`` tokens does not fit the tokenizer's declared context."""
+    context = getattr(tokenizer, "model_max_length", None)
+    # Tokenizers without a declared context report a huge sentinel (transformers' VERY_LARGE_INTEGER).
+    if not isinstance(context, int) or context >= 10**9 or length < context:
+        return ""
+    return f" (the tokenizer declares a context of {context} tokens: prompts this long also need a model with more)"
 
 
 def prompt_lengths(

@@ -148,14 +148,40 @@ def test_too_long_prompts_are_filtered_and_counted(
         )
     assert dataset.num_filtered == too_long
     assert len(dataset) == len(lengths) - too_long
-    assert f"dropped {too_long} of 20 prompts longer than max_prompt_length={limit}" in caplog.text
+    dropped = [length for length in lengths if length > limit]
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert (
+        f"{too_long} of 20 prompts in {gsm8k_files[0]} are longer than max_prompt_length={limit} tokens "
+        f"(chat-templated; the dropped ones have {min(dropped)} to {max(dropped)} tokens): dropped them; "
+        f"raise data.max_prompt_length to at least {max(dropped)} to keep them"
+    ) in caplog.text
     kept_uids = {r.uid for r in dataset}
     assert kept_uids == {str(i) for i, length in enumerate(lengths) if length <= limit}  # uids survive filtering
 
 
-def test_everything_filtered_is_an_error(gsm8k_files: list[Path], tokenizer: Any) -> None:
-    with pytest.raises(DatasetError, match="no prompts left"):
+def test_everything_filtered_says_how_many_how_long_and_what_to_raise(gsm8k_files: list[Path], tokenizer: Any) -> None:
+    lengths = prompt_lengths(tokenizer, [r.messages for r in PromptDataset([gsm8k_files[0]], default_env_class="x")])
+    with pytest.raises(DatasetError) as raised:
         PromptDataset([gsm8k_files[0]], default_env_class="gsm8k", tokenizer=tokenizer, max_prompt_length=3)
+    assert str(raised.value) == (
+        f"no prompts left: 20 of 20 prompts in {gsm8k_files[0]} are longer than max_prompt_length=3 tokens "
+        f"(chat-templated; the dropped ones have {min(lengths)} to {max(lengths)} tokens); "
+        f"raise data.max_prompt_length to at least {max(lengths)}"
+    )
+
+
+def test_too_long_for_the_model_too(gsm8k_files: list[Path]) -> None:
+    """Raising the limit past the tokenizer's declared context only moves the failure: the message says so."""
+    short_context = build_tokenizer(0, TinyModelSpec(corpus_lines=300, max_position_embeddings=16))
+    with pytest.raises(DatasetError, match=r"the tokenizer declares a context of 16 tokens: prompts this long also"):
+        PromptDataset([gsm8k_files[0]], default_env_class="gsm8k", tokenizer=short_context, max_prompt_length=3)
+
+
+def test_empty_files_are_not_reported_as_filtered(tmp_path: Path, tokenizer: Any) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DatasetError, match=f"no prompts in {empty}: the files hold no rows"):
+        PromptDataset([empty], default_env_class="gsm8k", tokenizer=tokenizer, max_prompt_length=512)
 
 
 # ------------------------------------------------------------------------------------------------- loader
