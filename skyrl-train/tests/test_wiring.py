@@ -54,6 +54,7 @@ def test_component_defaults_agree_with_the_config_defaults() -> None:
     assert _disagreements(parts.loop, frozenset()) == []
     assert _disagreements(parts.objective, frozenset({"policy_loss.max_seq_len"})) == []
     assert _disagreements(parts.policy, frozenset({"optimizer.total_steps"})) == []
+    assert _disagreements(parts.generator, frozenset({"max_input_length"})) == []
 
 
 def test_components_map_sections() -> None:

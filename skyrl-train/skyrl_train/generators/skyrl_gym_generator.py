@@ -132,14 +132,14 @@ class GeneratorConfig:
 
     max_turns: int = 1  # turns per trajectory; every env also gets it as extras["max_turns"]
     max_input_length: int = 4096  # most tokens one engine call may take (prompt + response so far)
-    max_generate_length: int | None = None  # new tokens per turn at most (sampling_params.max_tokens also caps)
+    max_generate_length: int | None = 1024  # new tokens per turn at most (sampling_params.max_tokens also caps)
     max_response_length: int | None = None  # response tokens per trajectory at most (generated + observations)
     batched: bool = False  # single-turn only: one engine call for the whole batch
     env_configs: Mapping[str, Any] = field(default_factory=dict)  # env class → its env_config for make()
     max_concurrent_trajectories: int | None = None  # trajectories running at once; None: all of them
     timeout_s: float | None = None  # deadline per trajectory, counted from when it starts running; None: none
     close_timeout_s: float = 60.0  # deadline for get_metrics + close of one env
-    max_env_workers: int | None = None  # own env thread pool of this size; None: skyrl_gym's; 0: inline (debugging)
+    max_env_workers: int | None = 32  # own env thread pool of this size; None: skyrl_gym's; 0: inline (debugging)
     zero_reward_on_non_stop: bool = False  # training only: zero the rewards of trajectories not ending in "stop"
     apply_overlong_filtering: bool = False  # training only: zero the loss mask of trajectories ending in "length"
     on_failure: FailurePolicy = "mask"  # what a failed trajectory does to the batch (module docstring)
