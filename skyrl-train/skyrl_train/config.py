@@ -24,6 +24,7 @@ Sections and the components they feed (components take their own arguments, neve
 ``off_policy``     ``algorithms.OffPolicyCorrectionConfig`` itself (referenced, not copied)
 ``generator``      ``generators.skyrl_gym_generator.GeneratorConfig`` and the ``SamplingParams`` of rollouts
 ``inference``      ``inference.factory.create_engine`` (local torch, vLLM or a remote OpenAI-compatible server)
+``ray``            ``ray_cluster.ensure_ray``: the cluster to join (``address``) when some role runs in actors
 ``trainer``        the loop: batch sizes, epochs, evaluation, checkpoints, exports, resume, logging;
                    micro-batching and ``seed`` also go to ``BackendConfig``, ``seed`` to the engine too
 ``environment``    default env class; ``env_configs`` and ``max_env_workers`` go to ``GeneratorConfig``
@@ -291,6 +292,13 @@ class EnvironmentConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """The Ray cluster of the roles that run in actors (``trainer.backend=fsdp``, several engines, env workers)."""
+
+    address: str | None = None  # a running cluster to join ("auto", "ray://host:10001", ...); None: RAY_ADDRESS or new
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run. Sections are documented in the module docstring."""
 
@@ -303,6 +311,7 @@ class Config:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 # ----------------------------------------------------------------------------------------- dict conversion

@@ -31,10 +31,11 @@ class ActorDemand:
     gpu_key: str
 
 
-def ensure_ray(demands: Sequence[ActorDemand]) -> bool:
+def ensure_ray(demands: Sequence[ActorDemand], address: str | None = None) -> bool:
     """Connect to Ray (``RAY_ADDRESS``'s cluster, else a new local one) and check it can hold every actor.
 
-    Without ``RAY_ADDRESS`` a fresh local cluster starts even when another one runs on the machine.
+    ``address`` (the ``ray.address`` key) wins over ``RAY_ADDRESS``; without either a fresh local cluster starts,
+    even when another one runs on the machine.
 
     Returns whether this call started Ray (the caller then shuts it down). The check runs before any model loads:
     an actor that asks for more than the cluster has would wait forever instead of failing.
@@ -46,7 +47,7 @@ def ensure_ray(demands: Sequence[ActorDemand]) -> bool:
     started = not ray.is_initialized()
     if started:
         # "local": a fresh cluster of this machine, never one another process happens to have started.
-        address = os.environ.get("RAY_ADDRESS") or "local"
+        address = address or os.environ.get("RAY_ADDRESS") or "local"
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     available = ray.cluster_resources()  # type: ignore[no-untyped-call]
     for resource, per_actor, key in (("CPU", "cpus", "cpu_key"), ("GPU", "gpus", "gpu_key")):

@@ -239,7 +239,7 @@ class _Session:
             )
         if not demands:
             return
-        self.started_ray = ensure_ray(demands)
+        self.started_ray = ensure_ray(demands, self.config.ray.address)
         if roles:
             self.placement = Placement(roles, t.placement)
 

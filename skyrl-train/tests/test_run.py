@@ -453,3 +453,17 @@ def test_env_workers_hold_the_runs_envs(tiny_model_dir: Path, tmp_path: Path, mo
     assert not [key for key in step if key in ("rollout/stop_env_error", "rollout/stop_timeout")]  # no env failed
     # 4 prompts × 2 samples for the step, and the 4 eval prompts evaluated before training and after the step
     assert made.count("gsm8k") == 4 * 2 + 2 * 4
+
+
+@pytest.mark.ray
+def test_ray_address_joins_a_running_cluster(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """6 CPUs of worker groups fit only the 8-CPU cluster started here, never a new local one of this machine."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8})
+    try:
+        big = ("trainer.num_cpus_per_worker=3", f"ray.address={cluster.address}", "trainer.max_training_steps=1")
+        result = run(_config(tiny_model_dir, tmp_path / "d", tmp_path / "run", *FSDP, *big))
+        assert result.global_step == 1
+    finally:
+        cluster.shutdown()
