@@ -53,19 +53,29 @@ def check_worker_config(config: BackendConfig) -> None:
         )
 
 
-def shard_layers(model: nn.Module) -> nn.Module:
+def shard_layers(model: nn.Module, *, bf16_compute: bool = False) -> nn.Module:
     """``fully_shard`` every decoder layer (a module whose class name ends in ``DecoderLayer``), then the root.
 
     One FSDP unit per layer keeps one layer's full parameters alive at a time in forward and backward; the root unit
-    holds the rest (embeddings, final norm, head, tied weights).
+    holds the rest (embeddings, final norm, head, tied weights). ``bf16_compute`` (on GPU) gathers parameters in
+    bfloat16 for forward and backward and reduces gradients in float32, while the sharded master weights and AdamW
+    state keep the model's dtype.
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # The default policy computes in the parameters' own dtype.
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    policy = bf16 if bf16_compute else MixedPrecisionPolicy()
     for module in model.modules():
         if type(module).__name__.endswith("DecoderLayer"):
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 class FSDPWorker(TorchBackend):
@@ -75,7 +85,8 @@ class FSDPWorker(TorchBackend):
         check_worker_config(self.config)
         if not dist.is_initialized():
             raise RuntimeError("an FSDP worker needs torch.distributed initialised first (init_process_group)")
-        return shard_layers(model)
+        # bf16 compute on GPU (fp32 master weights when the model is loaded in fp32); full precision on CPU
+        return shard_layers(model, bf16_compute=model_device(model).type == "cuda")
 
     def forward_backward(
         self, batch: TrainingBatch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False
