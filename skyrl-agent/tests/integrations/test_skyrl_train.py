@@ -211,8 +211,8 @@ def test_sandbox_failure_is_masked_per_policy() -> None:
     assert output.metrics["agent/treatment/mask/count"] == 2
     experience = to_experience(output, pad_token_id=0)
     groups = experience.group_index.tolist()
-    assert len({groups[0], groups[1], groups[2]}) == 3  # failed rows stay out of every group's statistics
-    assert groups[2] == groups[3]
+    assert groups[0] == groups[1] != groups[2] == groups[3]  # mini-batches keep whole prompts, failed rows too
+    assert experience.failed.tolist() == [True, True, False, False]  # ... and the failed ones stay out of statistics
 
 
 class SlowFirstCall:
