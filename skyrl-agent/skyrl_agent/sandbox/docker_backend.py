@@ -362,7 +362,8 @@ def _force_remove(container: Any) -> None:
 def list_managed(client: Any, run_id: str | None) -> tuple[list[Any], list[Any]]:
     """Containers and images labelled ``skyrl.managed=1`` (of ``run_id`` when given), for the reaper."""
     filters = ["skyrl.managed=1"] + ([f"skyrl.run={run_id}"] if run_id else [])
-    containers = client.containers.list(all=True, filters={"label": filters})
+    # ignore_removed: a container removed between the listing and its inspection (a retried start) is skipped
+    containers = client.containers.list(all=True, filters={"label": filters}, ignore_removed=True)
     images = client.images.list(all=True, filters={"label": filters})
     return containers, images
 
