@@ -3,8 +3,10 @@ the gym worker imports it into upstream's venv too)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,21 @@ def read_cpu_seconds(path: str | None) -> float | None:
         if line.startswith("usage_usec "):
             return int(line.split()[1]) / 1e6
     raise SystemExit(f"no usage_usec line in {path}")
+
+
+class Lockstep:
+    """A benchmark worker's side of the lockstep protocol: ``@ready``, wait for ``go`` on stdin, then ``@step {json}``.
+
+    The parent runs two workers step by step, alternating which goes first, so both see the same machine load.
+    """
+
+    def wait(self) -> None:
+        """Announce readiness and block until the parent says ``go``."""
+        print("@ready", flush=True)
+        line = sys.stdin.readline()
+        if line.strip() != "go":
+            raise SystemExit(f"stopped by the parent (got {line.strip()!r} instead of 'go')")
+
+    def done(self, record: dict[str, Any]) -> None:
+        """Report one step's record to the parent."""
+        print("@step " + json.dumps(record), flush=True)

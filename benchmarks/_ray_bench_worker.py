@@ -30,19 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-class Lockstep:
-    """The worker's side of the lockstep protocol (module docstring)."""
-
-    def wait(self) -> None:
-        print("@ready", flush=True)
-        line = sys.stdin.readline()
-        if line.strip() != "go":
-            raise SystemExit(f"stopped by the parent (got {line.strip()!r} instead of 'go')")
-
-    def done(self, record: dict[str, Any]) -> None:
-        print("@step " + json.dumps(record), flush=True)
-
+from _machine import Lockstep
 
 # --- task run -----------------------------------------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _machine import Lockstep
+
 _STRICT_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
@@ -44,19 +46,6 @@ def gsm8k_reward(text: str, answer: str) -> float:
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-class Lockstep:
-    """The worker's side of the lockstep protocol (module docstring)."""
-
-    def wait(self) -> None:
-        print("@ready", flush=True)
-        line = sys.stdin.readline()
-        if line.strip() != "go":
-            raise SystemExit(f"stopped by the parent (got {line.strip()!r} instead of 'go')")
-
-    def done(self, record: dict[str, Any]) -> None:
-        print("@step " + json.dumps(record), flush=True)
 
 
 class StepClock:
