@@ -7,8 +7,8 @@ Tasks:
   policy in this process (``torch``) or in a one-rank FSDP2 worker group on a Ray actor (``fsdp``). The engine is
   the local one in this process in both (``inference.num_engines=1`` keeps it here).
 - ``--task components``: weight sync from a policy (in-process, or a one-rank group on Ray) into an engine (in
-  this process, or ``EngineGroup`` with one engine actor), and one step's generation through the local engine
-  against the same engine behind an actor.
+  this process, or ``EngineGroup`` with one engine actor), through ``get_weights`` or (from the group to the actor)
+  by broadcast, and one step's generation through the local engine against the same engine behind an actor.
 
 Lockstep protocol (the parent alternates the two runs step by step, so a shared machine's load hits both alike):
 before every step the worker prints ``@ready`` and waits for a ``go`` line on stdin; after the step it prints
@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,21 +137,44 @@ def _torch_threads() -> int:
 # --- task components ----------------------------------------------------------------------------------------------
 
 
-async def _sync_rounds(paths: dict[str, tuple[Any, Any]], args: argparse.Namespace) -> dict[str, list[float]]:
-    """Seconds of one weight sync per path and round (the order alternating per round), each as the trainer does it:
-    ``get_weights``, then pause / load / resume the engine. Warm-up rounds are not kept."""
-    from skyrl_train.inference.weight_sync import sync_weights
+SyncPath = Callable[[], Awaitable[object]]
 
+
+async def _sync_rounds(paths: dict[str, SyncPath], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds of one weight sync per path and round (the order alternating per round), each as the trainer does it:
+    pause the engine, move and load the weights, resume it. Warm-up rounds are not kept."""
     seconds: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)
     for index in range(args.warmup + args.repeats):
         for name in names if index % 2 == 0 else names[::-1]:
-            policy, engine = paths[name]
             start = time.perf_counter()
-            await sync_weights(policy.get_weights(), engine)
+            await paths[name]()
             if index >= args.warmup:
                 seconds[name].append(time.perf_counter() - start)
     return seconds
+
+
+def _via_get_weights(policy: Any, engine: Any) -> SyncPath:
+    """The default sync: ``policy.get_weights()`` (through the driver), loaded into the paused engine."""
+    from skyrl_train.inference.weight_sync import sync_weights
+
+    return lambda: sync_weights(policy.get_weights(), engine)
+
+
+def _by_broadcast(policy: Any, engines: Any) -> SyncPath:
+    """The sync of a run on Ray workers: rank 0 broadcasts straight to the paused engines."""
+    from skyrl_train.inference.broadcast_sync import BroadcastSync
+
+    broadcast = BroadcastSync(policy, engines)
+
+    async def sync() -> None:
+        await engines.pause()
+        try:
+            await broadcast.push()
+        finally:
+            await engines.resume()
+
+    return sync
 
 
 def step_prompts(model: Path, data: Path, prompts: int, samples: int) -> list[list[int]]:
@@ -211,11 +235,14 @@ def components_task(args: argparse.Namespace) -> dict[str, Any]:
     actor = EngineGroup("local", str(args.model), 1, options={"seed": 0}, num_cpus_per_engine=cpus)
     setup_s = time.perf_counter() - started
     prompts = step_prompts(args.model, args.train_data, args.prompts, args.samples)
+    # One broadcast path only: rank 0 is in one broadcast group at a time, and a second path would form its group
+    # again on every switch. The run's own sync (broadcast to the engine in the driver) is measured in the runs.
     paths = {
-        "torch_to_local": (in_process, local),
-        "fsdp_to_local": (group, local),
-        "fsdp_to_actor": (group, actor),
-        "torch_to_actor": (in_process, actor),
+        "torch_to_local": _via_get_weights(in_process, local),
+        "fsdp_to_local": _via_get_weights(group, local),
+        "fsdp_to_actor": _via_get_weights(group, actor),
+        "fsdp_broadcast_to_actor": _by_broadcast(group, actor),
+        "torch_to_actor": _via_get_weights(in_process, actor),
     }
 
     async def main() -> dict[str, Any]:

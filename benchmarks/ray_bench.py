@@ -31,14 +31,16 @@ Ray / in-process, the median over timed rounds of the two values of a round (tar
 reported, not asserted).
 
 Weight sync per MB: ``timing/weight_sync_s`` divided by the model's parameter bytes (``model.safetensors``, tied
-weights once; MB = 10⁶ bytes). On the Ray side it covers gathering the full tensors in the actor, moving them to the
-driver through Ray's object store, and loading them into the engine.
+weights once; MB = 10⁶ bytes). On the Ray side it is the run's own sync: rank 0 gathers the full tensors and
+broadcasts them over a gloo group to the driver's engine, which loads them (``skyrl_train.inference.broadcast_sync``).
 
 Components (a third worker, after the runs; the head has ``2 × C`` CPUs so a rank and an engine actor each get
-``C`` threads): ``sync_weights`` from each policy (in-process ``TorchBackend``, one-rank ``FSDPBackend``) into each
+``C`` threads): weight syncs from each policy (in-process ``TorchBackend``, one-rank ``FSDPBackend``) into each
 engine (``LocalEngine`` sharing the in-process backend's compute thread, as in a run; ``EngineGroup`` with one
-engine actor), the four paths alternating per round; and one step's generation (the step's 256 prompts × 12 tokens)
-through the local engine and through the engine actor, alternating.
+engine actor). "Via driver" is ``sync_weights(policy.get_weights(), engine)``: from the rank to the driver and (for
+the actor) on through Ray's object store. "By broadcast" is rank 0 straight to the engine actor. The five paths
+alternate per round. Then one step's generation (the step's 256 prompts × 12 tokens) runs through the local engine
+and through the engine actor, alternating.
 
 Output: the table on stdout and ``benchmarks/results/ray_bench.json``. The machine is shared: load averages at the
 start, per round and at the end are recorded.
@@ -414,12 +416,17 @@ def build_rows(
     per_mb = 1000 / (nbytes / MB)  # seconds → ms per MB
     rows.append(_row("weight sync per MB (in the run)", "ms/MB", *steps("timing/weight_sync_s"), scale=per_mb))
     sync = parts["sync_s"]
-    rows.append(
-        _row("sync → local engine (components)", "ms/MB", sync["torch_to_local"], sync["fsdp_to_local"], per_mb)
-    )
-    rows.append(
-        _row("sync → engine actor (components)", "ms/MB", sync["torch_to_actor"], sync["fsdp_to_actor"], per_mb)
-    )
+    rows += [
+        _row("sync → local engine, via driver", "ms/MB", sync["torch_to_local"], sync["fsdp_to_local"], per_mb),
+        _row("sync → engine actor, via driver", "ms/MB", sync["torch_to_actor"], sync["fsdp_to_actor"], per_mb),
+        _row(
+            "sync → engine actor, by broadcast",
+            "ms/MB",
+            sync["torch_to_actor"],
+            sync["fsdp_broadcast_to_actor"],
+            per_mb,
+        ),
+    ]
     rates = parts["generation_tokens_per_s"]
     rows.append(_row("step generation: local engine vs actor", "tokens/s", rates["local"], rates["actor"]))
     return rows

@@ -39,9 +39,9 @@ Derived values, filled by :func:`resolve` only (each field's comment says "deriv
 - ``trainer.run_name`` ← the last component of ``trainer.run_dir``
 - ``trainer.ckpt_path`` ← ``{run_dir}/checkpoints``; ``trainer.export_path`` ← ``{run_dir}/exports``
 
-Keys for what is not built yet (``inference.tensor_parallel_size`` above 1, several ``inference.remote_urls``) are
-kept, so configs written for them keep loading, but :func:`validate` rejects any value but the default until
-"skyrl-train on Ray" builds them. Removed keys (:data:`REMOVED_KEYS`) fail to load with what replaces them.
+Keys for what is not built yet (several ``inference.remote_urls``) are kept, so configs written for them keep
+loading, but :func:`validate` rejects any value but the default until "skyrl-train on Ray" builds them. Removed
+keys (:data:`REMOVED_KEYS`) fail to load with what replaces them.
 
 Errors: everything raises :class:`ConfigError` (a ``ValueError``) with the offending key in the message.
 """
@@ -77,6 +77,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "TrainerConfig",
+    "WorkerGroupRole",
     "apply_overrides",
     "from_dict",
     "load_config",
@@ -86,10 +87,12 @@ __all__ = [
     "to_dict",
     "to_yaml",
     "validate",
+    "worker_group_size",
 ]
 
 TINY_MODEL_HINT = "python -c \"from skyrl_train.models.tiny import build_tiny_model; build_tiny_model('{path}')\""
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb"]
+WorkerGroupRole = Literal["policy", "ref", "critic"]  # the models a trainer.backend=fsdp run puts in worker groups
 LATER = 'is not supported yet (it arrives with "skyrl-train on Ray")'
 
 REMOVED_KEYS: dict[str, str] = {
@@ -233,8 +236,8 @@ class InferenceConfig:
     engine: Literal["local", "vllm", "remote"] = "local"  # in-process torch, vLLM, or an OpenAI-compatible server
     num_engines: int = 1  # engine replicas; above 1 each is a Ray actor ("local" or "vllm"), requests routed
     num_cpus_per_engine: float = 1.0  # num_engines > 1: CPUs an engine actor asks Ray for
-    num_gpus_per_engine: float = 0.0  # num_engines > 1: GPUs an engine actor asks Ray for
-    tensor_parallel_size: int = 1  # GPUs per vLLM engine; only 1 until "skyrl-train on Ray"
+    num_gpus_per_engine: float = 0.0  # GPUs of one engine (Ray reserves them for an actor); = TP size if TP > 1
+    tensor_parallel_size: int = 1  # vLLM: GPUs one engine is sharded over (TP size); > 1: GPU engines only
     gpu_memory_utilization: float = 0.8  # vLLM on a GPU: fraction of its memory vLLM may take
     max_num_seqs: int | None = None  # vLLM: sequences scheduled at once per engine; None: vLLM's default
     max_num_batched_tokens: int | None = None  # vLLM: tokens per scheduler step; None: vLLM's default
@@ -251,7 +254,9 @@ class TrainerConfig:
 
     seed: int = 42  # seeds python, numpy and torch at start, the engine, and each step's sampling seeds
     backend: Literal["torch", "fsdp"] = "torch"  # in-process torch model, or FSDP2 worker groups on Ray actors
-    num_training_workers: int = 1  # fsdp: ranks of each worker group (policy, reference, critic); torch: 1
+    num_training_workers: int = 1  # fsdp: ranks of the policy group (and of ref/critic left at 0); torch: 1
+    ref_num_workers: int = 0  # fsdp: ranks of the reference group; 0: trainer.num_training_workers
+    critic_num_workers: int = 0  # fsdp: ranks of the critic group; 0: trainer.num_training_workers
     num_cpus_per_worker: float = 1.0  # fsdp: CPUs a Ray actor of a worker group asks for
     num_gpus_per_worker: float = 0.0  # fsdp: GPUs a Ray actor asks for; > 0 makes the ranks talk over NCCL
     placement: Literal["colocate", "disaggregate"] = "disaggregate"  # Ray actors: share bundles, or own ones
@@ -722,19 +727,31 @@ def _check_batches(config: Config) -> list[str]:
             f"trainer.train_batch_size ({t.train_batch_size}) must be a multiple of "
             f"trainer.policy_mini_batch_size ({t.policy_mini_batch_size})"
         )
-    rows = t.policy_mini_batch_size * n
-    if rows % t.num_training_workers:
-        problems.append(
-            f"a mini-batch of {rows} rows (policy_mini_batch_size {t.policy_mini_batch_size} × n_samples_per_prompt "
-            f"{n}) does not split evenly over trainer.num_training_workers ({t.num_training_workers})"
-        )
-    elif (rows // t.num_training_workers) % t.micro_train_batch_size:
-        problems.append(
-            f"each worker's mini-batch of {rows // t.num_training_workers} rows (policy_mini_batch_size "
-            f"{t.policy_mini_batch_size} × n_samples_per_prompt {n} / {t.num_training_workers} workers) must be a "
-            f"multiple of trainer.micro_train_batch_size ({t.micro_train_batch_size})"
-        )
+    trained = {"trainer.num_training_workers": t.num_training_workers}
+    # The critic trains on the policy's mini-batches (left at 0 its group is the policy's size, checked already).
+    # The reference only runs forward passes, which pad a short share: any size of its group works.
+    if t.backend == "fsdp" and config.model.critic_path and t.critic_num_workers > 0:
+        trained["trainer.critic_num_workers"] = t.critic_num_workers
+    for key, workers in trained.items():
+        problems += _check_mini_batch_split(t, n, key, workers)
     return problems
+
+
+def _check_mini_batch_split(t: TrainerConfig, n: int, key: str, workers: int) -> list[str]:
+    """A mini-batch's rows must split evenly over the ``workers`` ranks that train on it, in whole micro-batches."""
+    rows = t.policy_mini_batch_size * n
+    if rows % workers:
+        return [
+            f"a mini-batch of {rows} rows (policy_mini_batch_size {t.policy_mini_batch_size} × n_samples_per_prompt "
+            f"{n}) does not split evenly over {key} ({workers})"
+        ]
+    if (rows // workers) % t.micro_train_batch_size:
+        return [
+            f"each worker's mini-batch of {rows // workers} rows (policy_mini_batch_size "
+            f"{t.policy_mini_batch_size} × n_samples_per_prompt {n} / {workers} workers of {key}) must be a "
+            f"multiple of trainer.micro_train_batch_size ({t.micro_train_batch_size})"
+        ]
+    return []
 
 
 def _positive(values: Mapping[str, int]) -> list[str]:
@@ -882,14 +899,15 @@ def _check_trainer(config: Config) -> list[str]:
 
 def _check_workers(config: Config) -> list[str]:
     t = config.trainer
+    problems = _check_group_sizes(t)
     if t.backend == "torch":
         if t.num_training_workers != 1:
-            return [
+            problems.append(
                 f"trainer.num_training_workers={t.num_training_workers} needs worker processes: set "
                 "trainer.backend=fsdp (the torch backend trains in this process), or trainer.num_training_workers=1"
-            ]
-        return []
-    problems = _positive({"trainer.num_training_workers": t.num_training_workers})
+            )
+        return problems
+    problems += _positive({"trainer.num_training_workers": t.num_training_workers})
     if t.num_cpus_per_worker < 0 or t.num_gpus_per_worker < 0:
         problems.append("trainer.num_cpus_per_worker and trainer.num_gpus_per_worker must be >= 0")
     if config.model.lora_rank > 0:
@@ -902,13 +920,22 @@ def _check_workers(config: Config) -> list[str]:
     return problems
 
 
-def _only_one(key: str, value: int) -> list[str]:
-    """A count that must stay 1 until the multi-process roles exist (0 or less is a plain mistake)."""
-    if value < 1:
-        return [f"{key} must be 1, got {value}"]
-    if value > 1:
-        return [f"{key}={value} {LATER}: set {key}=1"]
-    return []
+def _check_group_sizes(t: TrainerConfig) -> list[str]:
+    """``trainer.ref_num_workers`` and ``trainer.critic_num_workers``: >= 0, and 0 unless worker groups exist."""
+    sizes = {"trainer.ref_num_workers": t.ref_num_workers, "trainer.critic_num_workers": t.critic_num_workers}
+    problems = [
+        f"{key} must be >= 0 (0: as many as trainer.num_training_workers), got {value}"
+        for key, value in sizes.items()
+        if value < 0
+    ]
+    if t.backend == "torch":
+        problems += [
+            f"{key}={value} needs worker processes: set trainer.backend=fsdp (the torch backend runs every model "
+            f"in this process), or {key}=0"
+            for key, value in sizes.items()
+            if value > 0
+        ]
+    return problems
 
 
 def _module_available(name: str) -> bool:
@@ -945,7 +972,7 @@ def _check_engine(config: Config) -> list[str]:
         )
     if inf.num_cpus_per_engine < 0 or inf.num_gpus_per_engine < 0:
         problems.append("inference.num_cpus_per_engine and inference.num_gpus_per_engine must be >= 0")
-    problems += _only_one("inference.tensor_parallel_size", inf.tensor_parallel_size)
+    problems += _check_tensor_parallel(inf)
     if len(inf.remote_urls) > 1:
         problems.append(
             f"inference.remote_urls lists {len(inf.remote_urls)} servers; more than one {LATER}: give one base URL"
@@ -967,6 +994,32 @@ def _check_engine(config: Config) -> list[str]:
     return problems
 
 
+def _check_tensor_parallel(inf: InferenceConfig) -> list[str]:
+    """``inference.tensor_parallel_size``: a vLLM engine sharded over that many GPUs, all of them its own.
+
+    The engine's GPUs are stated by ``inference.num_gpus_per_engine`` (what Ray reserves for an engine actor), so
+    the two must agree; 0 GPUs means vLLM's CPU build, which runs one engine process per engine.
+    """
+    tp, key = inf.tensor_parallel_size, "inference.tensor_parallel_size"
+    if tp < 1:
+        return [f"{key} must be >= 1, got {tp}"]
+    if tp == 1:
+        return []
+    if inf.engine != "vllm":
+        return [f"{key}={tp} shards a vLLM engine over GPUs: set inference.engine=vllm, or {key}=1"]
+    if inf.num_gpus_per_engine == 0:
+        return [
+            f"{key}={tp} needs {tp} GPUs per engine, but inference.num_gpus_per_engine=0 (CPU; vLLM's CPU build "
+            f"runs one engine process per engine): set inference.num_gpus_per_engine={tp} on GPUs, or {key}=1"
+        ]
+    if inf.num_gpus_per_engine != tp:
+        return [
+            f"inference.num_gpus_per_engine={inf.num_gpus_per_engine:g} must equal {key}={tp}: each engine shards "
+            f"the model over {tp} GPUs of its own: set inference.num_gpus_per_engine={tp}"
+        ]
+    return []
+
+
 def _check_lora(config: Config) -> list[str]:
     problems = []
     if config.model.lora_rank < 0:
@@ -984,3 +1037,13 @@ def lora_target_modules(text: str) -> str | list[str]:
     if text.strip() == "all-linear":
         return "all-linear"
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def worker_group_size(trainer: TrainerConfig, role: WorkerGroupRole) -> int:
+    """Ranks of ``role``'s worker group (``trainer.backend=fsdp``).
+
+    ``trainer.ref_num_workers`` / ``trainer.critic_num_workers`` when above 0, else (and always for the policy)
+    ``trainer.num_training_workers``.
+    """
+    own = {"policy": 0, "ref": trainer.ref_num_workers, "critic": trainer.critic_num_workers}[role]
+    return own if own > 0 else trainer.num_training_workers

@@ -26,7 +26,7 @@ class ActorDemand:
     count: int
     cpus: float
     gpus: float
-    what: str  # e.g. "3 training worker groups × trainer.num_training_workers=2"
+    what: str  # e.g. "5 training workers (policy 2, ref 1, critic 2)"
     cpu_key: str
     gpu_key: str
 
@@ -83,8 +83,8 @@ class Placement:
 
     ``disaggregate``: every role gets a placement group of its own (one bundle per actor, packed onto as few nodes
     as fit), so roles never share a bundle. ``colocate``: one placement group whose bundle ``i`` holds actor ``i``
-    of every role (e.g. training rank ``i`` and engine ``i``), sized for all of them together, so those actors
-    land on the same node and share its devices.
+    of every role that has one (e.g. training rank ``i`` and engine ``i``), sized for those together, so they
+    land on the same node and share its devices; roles of different sizes give as many bundles as the largest.
 
     Raises:
         RuntimeError: the cluster cannot place the bundles within ``timeout_s`` (the message names the roles).

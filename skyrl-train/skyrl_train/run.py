@@ -16,6 +16,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,10 +25,19 @@ import numpy as np
 import torch
 
 from skyrl_train import checkpoint
-from skyrl_train.backends import TorchBackend, TrainingBackend
+from skyrl_train.backends import BackendConfig, TorchBackend, TrainingBackend
 from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.compute_thread import ComputeThread
-from skyrl_train.config import Config, record_config, resolve, to_dict, validate
+from skyrl_train.config import (
+    Config,
+    TrainerConfig,
+    WorkerGroupRole,
+    record_config,
+    resolve,
+    to_dict,
+    validate,
+    worker_group_size,
+)
 from skyrl_train.data.dataset import PromptDataset, PromptRecord
 from skyrl_train.data.loader import PromptLoader
 from skyrl_train.generators import SkyRLGymGenerator
@@ -57,12 +67,14 @@ __all__ = [
     "objective_of",
     "run",
     "seed_everything",
+    "training_actors",
 ]
 
 if TYPE_CHECKING:
     from skyrl_train.backends.ray_group import FSDPBackend
     from skyrl_train.generators.env_workers import EnvWorkers
-    from skyrl_train.ray_cluster import Placement
+    from skyrl_train.inference.broadcast_sync import BroadcastSync
+    from skyrl_train.ray_cluster import ActorDemand, Placement, RoleSpec
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +139,7 @@ class _Session:
         self.started_ray = False  # whether this run started Ray (and so shuts it down)
         self.placement: Placement | None = None  # the placement groups of the run's actors
         self.env_workers: EnvWorkers | None = None  # environment.num_env_workers > 0: the env actors
+        self.broadcast: BroadcastSync | None = None  # trainer.backend=fsdp: how weights reach the engines
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -191,36 +204,58 @@ class _Session:
             kl_controller=parts.kl_controller,
             sink=self.tracker,
             compute=compute,
+            weight_sync=self._weight_sync(policy, engine),
         )
+
+    def _weight_sync(self, policy: TrainingBackend, engine: EngineSettings) -> Callable[[], Awaitable[object]] | None:
+        """With Ray workers, rank 0 broadcasts the weights straight to the engines (``inference.broadcast_sync``).
+
+        NCCL when the policy ranks and the engine actors all have GPUs of their own (disaggregated); otherwise
+        gloo over host memory (two ranks on one GPU cannot share a NCCL group). Remote servers keep the default
+        sync: they load from a file.
+        """
+        from skyrl_train.backends.ray_group import FSDPBackend
+
+        if not isinstance(policy, FSDPBackend) or engine.kind == "remote":
+            return None
+        from skyrl_train.inference.broadcast_sync import BroadcastReceiver, BroadcastSync, LocalReceiver
+        from skyrl_train.inference.ray_engines import EngineGroup
+
+        receiver: BroadcastReceiver
+        receiver = self.engine if isinstance(self.engine, EngineGroup) else LocalReceiver(self.engine)
+        t = self.config.trainer
+        gpus = t.num_gpus_per_worker > 0 and engine.replicas > 1 and engine.gpus_per_replica > 0
+        nccl = gpus and t.placement == "disaggregate"
+        self.broadcast = BroadcastSync(policy, receiver, backend="nccl" if nccl else "gloo")
+        return self.broadcast.push
 
     def _start_ray(self, parts: RunComponents) -> None:
         """Join or start Ray when some role runs in actors; check the cluster holds them; reserve their bundles."""
         from skyrl_train.ray_cluster import ActorDemand, Placement, RoleSpec, ensure_ray
 
         t, engine = self.config.trainer, parts.engine
-        roles, demands = [], []
+        roles: list[RoleSpec] = []
+        demands: list[ActorDemand] = []
         if t.backend == "fsdp":
-            models = ["policy", *(["ref"] if parts.ref is not None else []), *(["critic"] if parts.critic else [])]
-            roles += [RoleSpec(m, t.num_training_workers, t.num_cpus_per_worker, t.num_gpus_per_worker) for m in models]
-            what = f"{len(models)} training worker groups × trainer.num_training_workers={t.num_training_workers}"
-            demands.append(
-                ActorDemand(
-                    len(models) * t.num_training_workers,
-                    t.num_cpus_per_worker,
-                    t.num_gpus_per_worker,
-                    what,
-                    "trainer.num_cpus_per_worker",
-                    "trainer.num_gpus_per_worker",
-                )
-            )
+            models: list[WorkerGroupRole] = ["policy"]
+            if parts.ref is not None:
+                models.append("ref")
+            if parts.critic is not None:
+                models.append("critic")
+            group_roles, group_demand = training_actors(t, models)
+            roles += group_roles
+            demands.append(group_demand)
         if engine.replicas > 1:
+            # An engine's GPUs are all its tensor-parallel ranks' (validate() holds num_gpus_per_engine to tp).
+            tp = self.config.inference.tensor_parallel_size
             roles.append(RoleSpec("engines", engine.replicas, engine.cpus_per_replica, engine.gpus_per_replica))
             demands.append(
                 ActorDemand(
                     engine.replicas,
                     engine.cpus_per_replica,
                     engine.gpus_per_replica,
-                    f"inference.num_engines={engine.replicas}",
+                    f"inference.num_engines={engine.replicas}"
+                    + (f" of inference.tensor_parallel_size={tp} GPUs each" if tp > 1 else ""),
                     "inference.num_cpus_per_engine",
                     "inference.num_gpus_per_engine",
                 )
@@ -287,25 +322,28 @@ class _Session:
             local_ref = TorchBackend(parts.ref, compute) if parts.ref is not None else None
             local_critic = CriticBackend(parts.critic, compute) if parts.critic is not None else None
             return TorchBackend(parts.policy, compute), local_ref, local_critic
+        policy = self._worker_group(parts.policy, "policy")
+        ref = self._worker_group(parts.ref, "ref") if parts.ref is not None else None
+        critic = self._worker_group(parts.critic, "critic") if parts.critic is not None else None
+        return policy, ref, critic
+
+    def _worker_group(self, settings: BackendConfig, role: WorkerGroupRole) -> FSDPBackend:
+        """Start ``role``'s worker group (its own rank count, in its placement bundles); kept for :meth:`close`."""
         from skyrl_train.backends.ray_group import FSDPBackend, WorkerGroupConfig
 
+        t = self.config.trainer
+        n = worker_group_size(t, role)
         group = WorkerGroupConfig(
-            num_workers=t.num_training_workers,
+            num_workers=n,
             num_cpus_per_worker=t.num_cpus_per_worker,
             num_gpus_per_worker=t.num_gpus_per_worker,
             dist_backend="nccl" if t.num_gpus_per_worker > 0 else "gloo",
         )
-        n = t.num_training_workers
-        self.worker_groups = [FSDPBackend(parts.policy, group, actor_options=self._actor_options("policy", n))]
-        if parts.ref is not None:
-            self.worker_groups.append(FSDPBackend(parts.ref, group, actor_options=self._actor_options("ref", n)))
-        if parts.critic is not None:
-            options = self._actor_options("critic", n)
-            self.worker_groups.append(FSDPBackend(parts.critic, group, role="critic", actor_options=options))
-        groups = iter(self.worker_groups)
-        policy = next(groups)
-        ref = next(groups) if parts.ref is not None else None
-        return policy, ref, next(groups, None)
+        options = self._actor_options(role, n)
+        # A reference is a policy model that only runs forward passes.
+        backend = FSDPBackend(settings, group, role="critic" if role == "critic" else "policy", actor_options=options)
+        self.worker_groups.append(backend)  # at once: a later group that fails to start must not leak this one
+        return backend
 
     def total_steps(self) -> int:
         return training_steps(self.config.trainer, steps_per_epoch=len(self.loader))
@@ -417,3 +455,14 @@ class _Session:
 
             ray.shutdown()
             self.started_ray = False
+
+
+def training_actors(trainer: TrainerConfig, models: Sequence[WorkerGroupRole]) -> tuple[list[RoleSpec], ActorDemand]:
+    """The placement roles of ``models``' worker groups, each with its own rank count, and their cluster-check row."""
+    from skyrl_train.ray_cluster import ActorDemand, RoleSpec
+
+    cpus, gpus = trainer.num_cpus_per_worker, trainer.num_gpus_per_worker
+    roles = [RoleSpec(model, worker_group_size(trainer, model), cpus, gpus) for model in models]
+    total = sum(role.count for role in roles)
+    what = f"{total} training workers ({', '.join(f'{role.name} {role.count}' for role in roles)})"
+    return roles, ActorDemand(total, cpus, gpus, what, "trainer.num_cpus_per_worker", "trainer.num_gpus_per_worker")

@@ -16,7 +16,8 @@ One step, in order::
         for each update epoch, for each mini-batch:
             policy.forward_backward(mini_batch, loss) ; optim_step
             critic.forward_backward(mini_batch, value loss) ; optim_step   (same mini-batches, when there is one)
-        engine.update_weights(policy.get_weights())        (paused while it loads)
+        engine.update_weights(policy.get_weights())        (paused while it loads; or the injected weight_sync,
+                                                            e.g. a broadcast from the policy's rank 0)
 
 Metrics per step include the mean ``|rollout log-prob − trainer log-prob|`` over generated tokens
 (``policy/rollout_logprob_gap``): on an on-policy step it measures how far the engine's numerics are from the
@@ -38,7 +39,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -128,6 +129,9 @@ class Trainer:
     kl_controller: KLController | None = None
     sink: MetricsSink | None = None
     compute: ComputeThread | None = None  # where the loop's tensor work runs (the thread its models compute on)
+    # How the policy's weights reach the engine; None: engine.update_weights(policy.get_weights()). A run on Ray
+    # workers passes skyrl_train.inference.broadcast_sync.BroadcastSync.push (rank 0 straight to the engines).
+    weight_sync: Callable[[], Awaitable[object]] | None = None
     global_step: int = 0
     callbacks: list[Callable[[Trainer, Metrics], None]] = field(default_factory=list)
 
@@ -374,7 +378,10 @@ class Trainer:
         start = time.monotonic()
         await self.engine.pause()
         try:
-            await self.engine.update_weights(self.policy.get_weights())
+            if self.weight_sync is not None:
+                await self.weight_sync()
+            else:
+                await self.engine.update_weights(self.policy.get_weights())
         finally:
             await self.engine.resume()
         return time.monotonic() - start

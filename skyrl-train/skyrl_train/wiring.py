@@ -201,8 +201,9 @@ def _vllm_options(config: Config) -> dict[str, Any]:
         "max_num_batched_tokens": inf.max_num_batched_tokens,
         "enable_prefix_caching": inf.enable_prefix_caching,
     }
-    # The section's memory share is for GPUs; on a CPU the engine picks its own (a RAM share).
-    if torch.cuda.is_available():
+    # The section's memory share is for GPUs; on a CPU the engine picks its own (a RAM share). Engine actors given
+    # GPUs run on GPU nodes even when this process sees none.
+    if torch.cuda.is_available() or inf.num_gpus_per_engine > 0:
         options["gpu_memory_utilization"] = inf.gpu_memory_utilization
     if inf.enforce_eager:  # False leaves the platform's choice (eager on CPU, CUDA graphs on GPU)
         options["enforce_eager"] = True

@@ -118,6 +118,7 @@ def test_ray_bench_quick_runs_both_backends_through_the_run_loop(tmp_path: Path)
     assert step["target_met"] in (True, False)
     assert result["workload"]["parameter_bytes"] > 0
     parts = result["components"]
-    assert set(parts["sync_s"]) == {"torch_to_local", "fsdp_to_local", "fsdp_to_actor", "torch_to_actor"}
+    paths = {"torch_to_local", "fsdp_to_local", "fsdp_to_actor", "fsdp_broadcast_to_actor", "torch_to_actor"}
+    assert set(parts["sync_s"]) == paths
     assert all(len(v) == result["repeats"] for v in parts["sync_s"].values())
     assert all(len(v) == result["repeats"] for v in parts["generation_tokens_per_s"].values())

@@ -21,6 +21,7 @@ from skyrl_train.config import (
     to_dict,
     to_yaml,
     validate,
+    worker_group_size,
 )
 
 
@@ -333,6 +334,28 @@ def test_engine_replicas_are_actors_of_a_local_or_vllm_engine(valid: Config) -> 
     assert "inference.num_engines must be" in _errors(_replace(valid, "inference", num_engines=0))
 
 
+def test_tensor_parallelism_is_for_vllm_engines_holding_as_many_gpus(
+    valid: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config_module, "_module_available", lambda name: True)  # vLLM, installed or not
+    vllm = _replace(valid, "inference", engine="vllm", tensor_parallel_size=2)
+    validate(_replace(vllm, "inference", num_gpus_per_engine=2.0))  # in this process
+    validate(_replace(vllm, "inference", num_gpus_per_engine=2.0, num_engines=2))  # engine actors
+    cpu = _errors(vllm)  # num_gpus_per_engine=0
+    assert "inference.tensor_parallel_size=2 needs 2 GPUs per engine, but inference.num_gpus_per_engine=0" in cpu
+    assert "vLLM's CPU build runs one engine process per engine" in cpu
+    assert "set inference.num_gpus_per_engine=2 on GPUs, or inference.tensor_parallel_size=1" in cpu
+    fewer = _errors(_replace(vllm, "inference", num_gpus_per_engine=1.0, num_engines=2))
+    assert "inference.num_gpus_per_engine=1 must equal inference.tensor_parallel_size=2" in fewer
+    assert "set inference.num_gpus_per_engine=2" in fewer
+    local = _errors(_replace(vllm, "inference", engine="local", num_gpus_per_engine=2.0))
+    assert "inference.tensor_parallel_size=2 shards a vLLM engine over GPUs: set inference.engine=vllm" in local
+    assert "inference.tensor_parallel_size must be >= 1, got 0" in _errors(
+        _replace(valid, "inference", tensor_parallel_size=0)
+    )
+    validate(_replace(valid, "inference", num_gpus_per_engine=0.5, num_engines=2))  # tp=1: any GPU share
+
+
 def test_fsdp_worker_groups_refuse_what_they_cannot_do(valid: Config) -> None:
     fsdp = _replace(valid, "trainer", backend="fsdp", num_training_workers=2)
     validate(fsdp)
@@ -343,10 +366,46 @@ def test_fsdp_worker_groups_refuse_what_they_cannot_do(valid: Config) -> None:
     assert "trainer.num_training_workers must be" in _errors(_replace(fsdp, "trainer", num_training_workers=0))
 
 
+def test_reference_and_critic_groups_default_to_the_policy_groups_size() -> None:
+    trainer = TrainerConfig(backend="fsdp", num_training_workers=4)
+    assert (trainer.ref_num_workers, trainer.critic_num_workers) == (0, 0)
+    assert [worker_group_size(trainer, role) for role in ("policy", "ref", "critic")] == [4, 4, 4]
+    own = dataclasses.replace(trainer, ref_num_workers=1, critic_num_workers=2)
+    assert [worker_group_size(own, role) for role in ("policy", "ref", "critic")] == [4, 1, 2]
+    loaded = load_config(None, ["trainer.ref_num_workers=3", "trainer.critic_num_workers=5"]).trainer
+    assert (loaded.ref_num_workers, loaded.critic_num_workers) == (3, 5)
+
+
+@pytest.mark.parametrize("key", ["ref_num_workers", "critic_num_workers"])
+def test_group_sizes_are_not_negative_and_need_worker_groups(valid: Config, key: str) -> None:
+    fsdp = _replace(valid, "trainer", backend="fsdp", num_training_workers=2)
+    validate(_replace(fsdp, "trainer", **{key: 1}))
+    assert f"trainer.{key} must be >= 0 (0: as many as trainer.num_training_workers), got -1" in _errors(
+        _replace(fsdp, "trainer", **{key: -1})
+    )
+    message = _errors(_replace(valid, "trainer", **{key: 2}))  # trainer.backend=torch
+    assert f"trainer.{key}=2 needs worker processes: set trainer.backend=fsdp" in message
+    assert f"or trainer.{key}=0" in message
+    assert message.count("\n  - ") == 1  # only that problem (no batch split message for the torch backend)
+
+
+def test_the_critic_group_must_split_the_mini_batches_the_reference_need_not(valid: Config) -> None:
+    # mini-batches of 4 prompts × 2 samples = 8 rows, micro-batches of 2 rows
+    fsdp = _replace(valid, "trainer", backend="fsdp", num_training_workers=2)
+    critic = _replace(fsdp, "model", critic_path=valid.model.path)
+    validate(_replace(critic, "trainer", critic_num_workers=4, ref_num_workers=3))
+    assert "does not split evenly over trainer.critic_num_workers (3)" in _errors(
+        _replace(critic, "trainer", critic_num_workers=3)
+    )
+    uneven = _errors(_replace(critic, "trainer", critic_num_workers=8))  # 1 row each, micro-batches of 2
+    assert "/ 8 workers of trainer.critic_num_workers) must be a multiple of trainer.micro_train_batch_size" in uneven
+    assert "trainer.num_training_workers" not in uneven  # the policy's group of 2 splits them
+    validate(_replace(fsdp, "trainer", critic_num_workers=3))  # no model.critic_path: no critic group
+
+
 @pytest.mark.parametrize(
     ("section", "changes", "message"),
     [
-        ("inference", {"tensor_parallel_size": 2}, "inference.tensor_parallel_size=2 is not supported yet"),
         (
             "inference",
             {"engine": "remote", "remote_urls": ["http://a:8000", "http://b:8000"]},
@@ -432,5 +491,6 @@ def test_record_config_prints_and_saves(valid: Config, tmp_path: Path) -> None:
 def test_defaults_are_documented_values() -> None:
     trainer = TrainerConfig()
     assert (trainer.train_batch_size, trainer.policy_mini_batch_size, trainer.resume_mode) == (1024, 256, "latest")
+    assert (trainer.num_training_workers, trainer.ref_num_workers, trainer.critic_num_workers) == (1, 0, 0)
     assert Config().algorithm.advantage_estimator == "grpo"
     assert Config().algorithm.policy_loss_type == "regular"

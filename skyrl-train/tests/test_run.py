@@ -362,6 +362,38 @@ def test_fsdp_worker_groups_train_as_the_in_process_backend_does(tiny_model_dir:
 
 
 @pytest.mark.ray
+def test_reference_and_critic_groups_take_their_own_rank_counts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """trainer.ref_num_workers=1 and trainer.critic_num_workers=1 beside a policy group of 2 ranks (KL loss, PPO)."""
+    sizes = ("trainer.ref_num_workers=1", "trainer.critic_num_workers=1")
+    extra = (*FSDP, *sizes, "algorithm.use_kl_loss=true", f"model.critic_path={tiny_model_dir}", *PPO)
+    steps = ("trainer.max_training_steps=2", "trainer.eval_before_train=false")
+    config = resolve(_config(tiny_model_dir, tmp_path / "data", tmp_path / "run", *extra, *steps))
+    validate(config)
+
+    async def train() -> tuple[dict[str, int], int]:
+        session = await _Session.open(config)
+        try:
+            models = {name: getattr(session.trainer, name) for name in ("policy", "ref", "critic")}
+            assert list(models.values()) == session.worker_groups  # every model is one of the run's worker groups
+            ranks = {name: model.num_workers for name, model in models.items()}
+            return ranks, (await session.train()).global_step
+        finally:
+            await session.close()
+
+    ranks, global_step = asyncio.run(train())
+    assert ranks == {"policy": 2, "ref": 1, "critic": 1}
+    assert global_step == 2
+    metrics = _metrics(Path(config.trainer.run_dir))
+    assert sorted(metrics) == [1, 2]
+    for step in metrics.values():
+        assert all(math.isfinite(value) for value in step.values()), step
+        assert step["system/num_policy_workers"] == 2.0
+        assert step["policy/grad_norm"] > 0
+        assert step["critic/grad_norm"] > 0
+    assert metrics[2]["policy/kl"] > 0  # the reference's log-probs, against a policy that has moved
+
+
+@pytest.mark.ray
 def test_two_engine_actors_serve_the_rollouts_one_engine_would(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Seeded sampling does not depend on which engine answers: step 1's rollouts are the one-engine rollouts."""
     steps = "trainer.max_training_steps=2"
@@ -385,6 +417,20 @@ def test_fsdp_groups_bigger_than_the_cluster_fail_before_any_model_loads(tiny_mo
     import ray
 
     assert not ray.is_initialized()  # the run started Ray, and stopped it on the way out
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+def test_tensor_parallel_engines_ask_the_cluster_for_all_their_gpus(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two vLLM engines of tensor_parallel_size=2 need 4 GPUs; a CPU-only cluster is refused before vLLM starts."""
+    tp = ("inference.engine=vllm", "inference.num_engines=2", "inference.tensor_parallel_size=2")
+    config = _config(tiny_model_dir, tmp_path / "d", tmp_path / "run", *tp, "inference.num_gpus_per_engine=2")
+    expected = r"ask Ray for 4 GPUs \(inference\.num_engines=2 of inference\.tensor_parallel_size=2 GPUs each × "
+    with pytest.raises(RuntimeError, match=expected + r"inference\.num_gpus_per_engine=2\) but the cluster has 0"):
+        run(config)
+    import ray
+
+    assert not ray.is_initialized()
 
 
 @pytest.mark.ray

@@ -31,6 +31,7 @@ from skyrl_train.backends.config import BackendConfig
 from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.backends.lora import unwrap
 from skyrl_train.backends.torch_backend import TorchBackend
+from skyrl_train.tensor_broadcast import TensorSpec, specs_of
 
 __all__ = ["FSDPCriticWorker", "FSDPWorker", "check_worker_config", "shard_layers"]
 
@@ -112,16 +113,30 @@ class FSDPWorker(TorchBackend):
         Collective: every rank gathers each tensor; only rank 0 keeps them.
         """
         keep = dist.get_rank() == 0
-        seen: set[int] = set()
-        weights: list[tuple[str, torch.Tensor]] = []
-        for name, tensor in unwrap(self.model).state_dict(keep_vars=True).items():
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
+        return [(name, full.detach().to("cpu", copy=True)) for name, full in self.full_weights() if keep]
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each parameter gathered whole, one at a time, in :meth:`weight_specs` order (tied weights once).
+
+        Collective: every rank must consume the iterator to its end, since each tensor is one all-gather. A tensor
+        lives on the model's device until the consumer drops it.
+        """
+        for name, tensor in self._named_parameters():
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            if keep:
-                weights.append((name, full.detach().to("cpu", copy=True)))
-        return weights
+            yield name, full.detach()
+
+    def weight_specs(self) -> list[TensorSpec]:
+        """Name, full shape and dtype of what :meth:`full_weights` yields (no communication)."""
+        return specs_of(self._named_parameters())
+
+    def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        seen: set[int] = set()
+        named: list[tuple[str, torch.Tensor]] = []
+        for name, tensor in unwrap(self.model).state_dict(keep_vars=True).items():
+            if id(tensor) not in seen:  # a tied weight appears under two names: send it once
+                seen.add(id(tensor))
+                named.append((name, tensor))
+        return named
 
     def save(self, path: Path) -> None:
         """Sharded model and optimizer state (``torch.distributed.checkpoint``) plus rank 0's scheduler and step.

@@ -8,6 +8,8 @@ sent to every rank at once::
                                  masked copies of a row), results gathered back in row order
     optim_step                   every rank steps its shards; the global gradient norm is the same on each
     get_weights                  gathered full tensors, from rank 0
+    broadcast_weights            gathered tensor by tensor; rank 0 broadcasts them to the engines
+                                 (skyrl_train.inference.broadcast_sync)
     save / load                  a sharded torch.distributed.checkpoint plus rank 0's scheduler and step
 
 Metrics combine as one process would: losses and ``*_loss`` shares are summed over ranks, the other metrics
@@ -20,6 +22,7 @@ Ray must be initialised by the caller (``ray.init()`` starts a local cluster, ``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -36,6 +39,7 @@ from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
 from skyrl_train.backends.config import BackendConfig
 from skyrl_train.backends.fsdp import check_worker_config
 from skyrl_train.backends.torch_backend import combine_metrics
+from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddress, TensorSpec
 
 __all__ = ["FSDPBackend", "WorkerGroupConfig", "split_rows"]
 
@@ -86,6 +90,8 @@ class _Worker:
     def __init__(self, role: Role, config: BackendConfig) -> None:
         self.role, self.config = role, config
         self.backend: Any = None
+        self.broadcast: BroadcastGroup | None = None  # rank 0: the group that sends weights to the engines
+        self.broadcast_at: GroupAddress | None = None  # and where it was formed (which sync it belongs to)
 
     def address(self) -> tuple[str, int]:
         """This actor's node address and a free port, for rank 0 to host the rendezvous."""
@@ -120,9 +126,44 @@ class _Worker:
         """Stats, and this share's trained tokens (the weight of its metrics)."""
         return float(batch.response_mask.sum()), self.backend.forward_backward(batch, loss_fn, **kwargs)
 
+    def join_broadcast(self, address: GroupAddress) -> None:
+        """Rank 0: host and join (as its rank 0) a new weight-broadcast group, leaving any earlier one."""
+        from skyrl_train.tensor_broadcast import join
+
+        if self.broadcast is not None:
+            self.broadcast.close()
+            self.broadcast, self.broadcast_at = None, None
+        self.broadcast = join(address, 0)
+        self.broadcast_at = address
+
+    def in_broadcast_group(self, address: GroupAddress) -> bool:
+        """Rank 0: whether its current broadcast group is the one formed at ``address``."""
+        return self.broadcast is not None and self.broadcast_at == address
+
+    def broadcast_weights(self, plan: BucketPlan, address: GroupAddress) -> int:
+        """Every rank gathers each weight (collective); rank 0 broadcasts them under ``plan``. Bytes sent (rank 0).
+
+        ``address`` names the group the caller formed: rank 0 refuses to send into another one (it joined a newer
+        group since), whose members would be waiting for other tensors. A failed send (a receiver died) still
+        gathers the remaining tensors, so the other ranks' all-gathers are matched and the training group stays
+        usable; the error is raised afterwards.
+        """
+        tensors = self.backend.full_weights()
+        try:
+            if dist_rank() != 0:
+                return 0
+            if self.broadcast is None or not self.in_broadcast_group(address):
+                raise RuntimeError(f"rank 0 is not in the broadcast group at {address}: form it again (join_broadcast)")
+            return self.broadcast.send(plan, tensors)
+        finally:
+            for _ in tensors:
+                pass
+
     def stop(self) -> None:
         import torch.distributed as dist
 
+        if self.broadcast is not None:
+            self.broadcast.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -224,6 +265,28 @@ class FSDPBackend:
 
     # --- beyond the protocol ---
 
+    def weight_specs(self) -> list[TensorSpec]:
+        """What :meth:`broadcast_weights` sends: each weight's name, full shape and dtype."""
+        return list(ray.get(self.workers[0].call.remote("weight_specs")))
+
+    def broadcast_address(self, world_size: int, backend: Literal["gloo", "nccl"] = "gloo") -> GroupAddress:
+        """A fresh address on rank 0's node for a weight-broadcast group of ``world_size`` members."""
+        host, port = ray.get(self.workers[0].address.remote())
+        return GroupAddress(host, port, world_size, backend)
+
+    async def join_broadcast(self, address: GroupAddress) -> None:
+        """Rank 0 joins the group at ``address`` as its sender (returns once every member has joined)."""
+        await self.workers[0].join_broadcast.remote(address)
+
+    async def in_broadcast_group(self, address: GroupAddress) -> bool:
+        """Whether rank 0 is still in the group formed at ``address`` (not in a newer one)."""
+        return bool(await self.workers[0].in_broadcast_group.remote(address))
+
+    async def broadcast_weights(self, plan: BucketPlan, address: GroupAddress) -> int:
+        """Send the weights under ``plan`` to the group formed at ``address`` (every rank gathers); the bytes sent."""
+        sent = await asyncio.gather(*(worker.broadcast_weights.remote(plan, address) for worker in self.workers))
+        return int(sent[0])
+
     @property
     def num_workers(self) -> int:
         """Ranks of the group (0 once closed)."""
@@ -249,6 +312,13 @@ class FSDPBackend:
             ray.get([worker.stop.remote() for worker in workers])
             for worker in workers:
                 ray.kill(worker)
+
+
+def dist_rank() -> int:
+    """This process's rank in the training group."""
+    import torch.distributed as dist
+
+    return dist.get_rank()
 
 
 def _rows_of(output: ModelOutput, rows: int) -> ModelOutput:

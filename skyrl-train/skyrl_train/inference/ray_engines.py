@@ -9,12 +9,17 @@ trainer and the generator see one engine:
   with ``seed=s`` is sent with seed ``s + i``, as one engine would sample it, so a seeded batch draws the same
   tokens whichever engine answers.
 - ``update_weights`` puts the weights into Ray's object store once and loads them into every engine at once.
+- ``join_broadcast`` / ``receive_broadcast``: the engines as the receiving ranks of a weight-broadcast group
+  (:mod:`skyrl_train.tensor_broadcast`), for :class:`~skyrl_train.inference.broadcast_sync.BroadcastSync`: the
+  trainer's rank 0 sends the weights straight to every engine, not through the driver.
 - ``pause`` / ``resume`` / ``close`` reach every engine.
 
 Failures. An engine actor that dies (its process killed, out of memory) is restarted by Ray (up to
 ``max_restarts`` times); a request that was running on it is sent again once the actor is back, after the actor
-has been given the latest weights (a restarted engine starts from ``model_path``). A second failure of the same
-request raises.
+has been given the latest weights (a restarted engine starts from ``model_path``): from the object store, or, when
+the weights came by broadcast, by :attr:`EngineGroup.reloader` (which forms the group again and re-sends). Every
+update has a version and every engine the version it loaded, so one restart reloads once however many requests
+were running on the dead engine. A second failure of the same request raises.
 
 Ray must be initialised first (``skyrl_train.backends.ray_group.ensure_ray`` does it for a run).
 """
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import ray
@@ -32,6 +37,7 @@ import torch
 from skyrl_train.inference.base import GenerationOutput, SamplingParams
 from skyrl_train.inference.factory import EngineKind
 from skyrl_train.inference.routing import PrefixRouter, RouterConfig
+from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddress
 
 __all__ = ["EngineGroup"]
 
@@ -43,6 +49,8 @@ class _EngineActor:
         from skyrl_train.inference.factory import create_engine
 
         self.engine = create_engine(kind, model_path, **options)
+        self.version = 0  # the weight update this engine holds (0: model_path's weights, as after a restart)
+        self.broadcast: BroadcastGroup | None = None
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         return await self.engine.generate(prompts, params)
@@ -51,8 +59,28 @@ class _EngineActor:
         """The Ray node this engine runs on."""
         return str(ray.get_runtime_context().get_node_id())
 
-    async def update_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    async def loaded_version(self) -> int:
+        return self.version
+
+    async def update_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
         await self.engine.update_weights(weights)
+        self.version = version
+
+    async def join_broadcast(self, address: GroupAddress, rank: int) -> None:
+        """Join a weight-broadcast group as ``rank`` (in a thread: joining waits for every member)."""
+        from skyrl_train.tensor_broadcast import join
+
+        # An earlier group is dropped, not closed: a receive still blocked in it must fail on its own timeout.
+        self.broadcast = None
+        self.broadcast = await asyncio.to_thread(join, address, rank)
+
+    async def receive_broadcast(self, plan: BucketPlan, version: int) -> None:
+        """Receive the weights rank 0 sends under ``plan`` and load them (generation held meanwhile by the caller)."""
+        group = self.broadcast
+        if group is None:
+            raise RuntimeError("receive_broadcast before join_broadcast")
+        weights = await asyncio.to_thread(group.receive, plan)
+        await self.update_weights(weights, version)
 
     async def pause(self) -> None:
         await self.engine.pause()
@@ -100,6 +128,10 @@ class EngineGroup:
         ]
         self.router = PrefixRouter(num_engines, router)
         self._weights: Any = None  # the object-store copy of the latest weights, for engines that restart
+        self.version = 0  # weight updates so far (each engine knows which one it holds)
+        # Set by a sync that sends weights by broadcast: gives every engine the latest weights again.
+        self.reloader: Callable[[], Awaitable[None]] | None = None
+        self._catching_up = asyncio.Lock()
         self.restarts = 0  # requests sent again after their engine died
 
     @property
@@ -131,29 +163,79 @@ class EngineGroup:
 
     async def _restored(self, engine: int) -> None:
         """Wait until a dead engine's actor is back (Ray restarts it), then give it the latest weights."""
-        handle = self.engines[engine]
+        await self._alive(self.engines[engine])
+        await self.catch_up()
+
+    @staticmethod
+    async def _alive(handle: Any) -> None:
         for _ in range(600):  # the restart runs the actor's __init__ again: a model load
             try:
-                await handle.resume.remote()
-                break
+                await handle.loaded_version.remote()
+                return
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 await asyncio.sleep(0.5)
-        if self._weights is not None:
-            await handle.update_weights.remote(self._weights)
+        raise RuntimeError("an engine actor did not come back within 5 minutes of its restart")
+
+    async def wait_alive(self) -> None:
+        """Return once every engine actor answers (after Ray has restarted any dead one)."""
+        await asyncio.gather(*(self._alive(handle) for handle in self.engines))
+
+    async def catch_up(self) -> None:
+        """Give the latest weights to every engine that lacks them (one that restarted); one caller at a time."""
+        async with self._catching_up:
+            versions = await asyncio.gather(*(handle.loaded_version.remote() for handle in self.engines))
+            stale = [index for index, version in enumerate(versions) if version != self.version]
+            if not stale:
+                return
+            if self._weights is not None:
+                await asyncio.gather(
+                    *(self.engines[i].update_weights.remote(self._weights, self.version) for i in stale)
+                )
+            elif self.reloader is not None:
+                await self.reloader()
+            else:
+                raise RuntimeError("an engine restarted after a broadcast weight update, and nothing can resend it")
 
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Every engine loads the same weights (one copy in the object store, read by all)."""
         shared = ray.put([(name, tensor.detach().to("cpu")) for name, tensor in weights])
         self._weights = shared
-        await asyncio.gather(*(engine.update_weights.remote(shared) for engine in self.engines))
+        self.version += 1
+        await asyncio.gather(*(engine.update_weights.remote(shared, self.version) for engine in self.engines))
+
+    # --- as the receiving ranks of a weight-broadcast group (skyrl_train.inference.broadcast_sync) ---
+
+    @property
+    def num_receivers(self) -> int:
+        """Ranks this group takes in a broadcast group: one per engine."""
+        return len(self.engines)
+
+    async def join_broadcast(self, address: GroupAddress, first_rank: int) -> None:
+        """Engine ``i`` joins the group at ``address`` as rank ``first_rank + i``."""
+        await asyncio.gather(
+            *(engine.join_broadcast.remote(address, first_rank + i) for i, engine in enumerate(self.engines))
+        )
+
+    async def receive_broadcast(self, plan: BucketPlan) -> None:
+        """Every engine receives the weights sent under ``plan`` and loads them."""
+        self._weights = None  # the broadcast weights are newer than any object-store copy
+        self.version += 1
+        await asyncio.gather(*(engine.receive_broadcast.remote(plan, self.version) for engine in self.engines))
 
     async def pause(self) -> None:
-        """Hold new generation on every engine."""
-        await asyncio.gather(*(engine.pause.remote() for engine in self.engines))
+        """Hold new generation on every engine (one that is restarting is paused once it is back)."""
+        await asyncio.gather(*(self._call_when_alive(engine, "pause") for engine in self.engines))
 
     async def resume(self) -> None:
         """Let every engine generate again."""
-        await asyncio.gather(*(engine.resume.remote() for engine in self.engines))
+        await asyncio.gather(*(self._call_when_alive(engine, "resume") for engine in self.engines))
+
+    async def _call_when_alive(self, handle: Any, method: str) -> None:
+        try:
+            await getattr(handle, method).remote()
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            await self._alive(handle)
+            await getattr(handle, method).remote()
 
     async def close(self) -> None:
         """Close every engine and stop its actor (idempotent)."""

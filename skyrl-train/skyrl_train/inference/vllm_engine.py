@@ -13,7 +13,10 @@ weight loads run between two engine steps. Where the engine core and its worker 
   ``torch.set_num_threads`` into a no-op), so a trainer sharing the process computes with vLLM's setting; use
   the multiprocess mode when that matters.
 - **Multiprocess (default on GPU)**: vLLM's normal engine, the engine core and workers in child processes
-  (spawned: create the engine under ``if __name__ == "__main__":`` in scripts). Set
+  (spawned: create the engine under ``if __name__ == "__main__":`` in scripts). With ``tensor_parallel_size=N``
+  there are N workers, one per GPU this process sees, on vLLM's multiprocessing executor (never its Ray one:
+  see :data:`TENSOR_PARALLEL_BACKEND`); a weight update reaches every one of them (``collective_rpc``) by the
+  ``file`` or ``bytes`` transport (``cuda_ipc`` needs one GPU and is refused). Set
   ``VLLMEngineConfig(multiprocessing=True)`` to use it on CPU as well. Tensors do not survive the RPC, so
   weights go through a safetensors file under ``/dev/shm`` (transport ``file``), or as bytes (``bytes``), or,
   when the trainer's tensors sit on the same GPU, as CUDA IPC handles (``cuda_ipc``; needs CUDA, so it is not
@@ -73,7 +76,7 @@ class VLLMEngineConfig:
     max_model_len: int | None = None  # prompt + completion tokens at most; None: the model's limit
     gpu_memory_utilization: float | None = None  # share of device memory (RAM on CPU); None: 0.9 GPU, 0.3 CPU
     kv_cache_memory_bytes: int | None = None  # explicit KV-cache size in bytes; overrides the share above
-    tensor_parallel_size: int = 1  # GPUs the model is split over
+    tensor_parallel_size: int = 1  # GPUs the model is split over; > 1: one vLLM worker process per GPU ("mp")
     max_num_seqs: int | None = None  # sequences scheduled at once; None: vLLM's default
     max_num_batched_tokens: int | None = None  # tokens per scheduler step; None: vLLM's default
     enable_prefix_caching: bool | None = None  # reuse the KV cache of shared prefixes; None: vLLM's default
@@ -84,6 +87,16 @@ class VLLMEngineConfig:
     seed: int = 0  # engine seed; unseeded requests draw from it
     return_text: bool = True  # detokenize completions into GenerationOutput.text
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as they are
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.weight_transport == "cuda_ipc":
+            # Each rank opens the handles on its own GPU, but they point into the trainer's one GPU.
+            raise ValueError(
+                "weight_transport='cuda_ipc' needs the engine on the trainer's GPU, but tensor_parallel_size="
+                f"{self.tensor_parallel_size} spreads it over several: use weight_transport='file' (or 'auto')"
+            )
 
 
 @dataclass
@@ -330,10 +343,21 @@ class VLLMEngine:
                 _set(command.future, closed)
 
 
+TENSOR_PARALLEL_BACKEND = "mp"
+"""vLLM's executor for ``tensor_parallel_size > 1``: worker processes on the GPUs this process sees.
+
+Left to itself, vLLM picks its Ray executor inside a Ray placement group, which would ask Ray for
+``tensor_parallel_size`` more GPUs while the engine actor already holds them (they could never be placed). An engine
+actor that reserved ``tensor_parallel_size`` GPUs sees exactly those (Ray sets ``CUDA_VISIBLE_DEVICES``), so the
+multiprocessing executor uses them, one rank each.
+"""
+
+
 def llm_kwargs(model_path: str, config: VLLMEngineConfig, *, on_cpu: bool) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for ``config`` on a CPU (``on_cpu``) or GPU platform.
 
     Options left ``None`` are not passed, so vLLM picks its own default; ``config.engine_kwargs`` come last and win.
+    With ``tensor_parallel_size > 1``, ``distributed_executor_backend`` is :data:`TENSOR_PARALLEL_BACKEND`.
     """
     kwargs: dict[str, Any] = {
         "model": model_path,
@@ -345,6 +369,8 @@ def llm_kwargs(model_path: str, config: VLLMEngineConfig, *, on_cpu: bool) -> di
         "logprobs_mode": "processed_logprobs",
         "worker_extension_cls": EXTENSION_CLASS,
     }
+    if config.tensor_parallel_size > 1:
+        kwargs["distributed_executor_backend"] = TENSOR_PARALLEL_BACKEND
     if config.kv_cache_memory_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
     else:

@@ -11,6 +11,7 @@ import torch
 from skyrl_train.algorithms import loss_weights
 from skyrl_train.backends.base import TrainingBatch
 from skyrl_train.models.tiny import TinyModelSpec, build_tiny_model
+from skyrl_train.objective import Objective, add_token_weights
 
 # Small enough that a backend builds in ~0.1 s and a step takes milliseconds.
 SMALL = TinyModelSpec(
@@ -50,6 +51,17 @@ def build_batch(prompt_lens: Sequence[int], response_lens: Sequence[int], seed: 
     response_mask[:, 0] = 0.0
     weights = loss_weights(response_mask, "token_mean")
     return TrainingBatch(input_ids, attention_mask, response_mask, tensors={"token_weights": weights})
+
+
+def build_rl_batch(rows: int, seed: int, objective: Objective) -> TrainingBatch:
+    """Random rows with old log-probs near the model's and signed advantages, token weights over the batch."""
+    batch = build_batch([3 + i % 3 for i in range(rows)], [4 + (i * 2) % 5 for i in range(rows)], seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    shape = batch.response_mask.shape
+    batch.tensors["old_log_probs"] = -2.0 + 0.1 * torch.randn(shape, generator=generator)
+    batch.tensors["advantages"] = torch.randn(rows, 1, generator=generator).expand(shape).clone()
+    add_token_weights(batch, torch.arange(rows), objective)
+    return batch
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,9 @@ from skyrl_train.algorithms import PolicyLossConfig
 from skyrl_train.backends.base import TrainingBatch
 from skyrl_train.backends.config import BackendConfig, LoraConfig, OptimizerConfig
 from skyrl_train.backends.torch_backend import TorchBackend
-from skyrl_train.objective import Objective, add_token_weights, make_loss_fn
+from skyrl_train.objective import Objective, make_loss_fn
 
-from .conftest import build_batch
+from .conftest import build_rl_batch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e ./skyrl-train")
 
@@ -52,14 +52,7 @@ def _config(model_dir: Path, **overrides: object) -> BackendConfig:
 
 
 def _rl_batch(rows: int, seed: int) -> TrainingBatch:
-    """Random rows with old log-probs near the model's and signed advantages, token weights over the batch."""
-    batch = build_batch([3 + i % 3 for i in range(rows)], [4 + (i * 2) % 5 for i in range(rows)], seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    shape = batch.response_mask.shape
-    batch.tensors["old_log_probs"] = -2.0 + 0.1 * torch.randn(shape, generator=generator)
-    batch.tensors["advantages"] = torch.randn(rows, 1, generator=generator).expand(shape).clone()
-    add_token_weights(batch, torch.arange(rows), OBJECTIVE)
-    return batch
+    return build_rl_batch(rows, seed, OBJECTIVE)
 
 
 def _weights(backend: TorchBackend | FSDPBackend) -> dict[str, torch.Tensor]:
