@@ -24,6 +24,9 @@ Rows (candidate and baseline in this process, alternating call by call, so drift
 - Weight extraction: full tensors on the CPU, as a weight sync into another process needs them:
   ``FSDPWorker.gathered_weights()`` against ``TorchBackend.get_weights()`` copied to the CPU.
 - Weight load: those CPU tensors into the local engine (``sync_weights``: pause, load, resume).
+- Colocated hand-over (``skyrl_train.handover``): the in-process backend's AdamW moments to host memory and back
+  (``offload_optimizer`` / ``reload_optimizer``), and the local engine's model to host memory and back
+  (``sleep`` / ``wake_up``), with seconds and the device memory allocated before, between and after.
 - Decoding: ``LocalEngine.generate`` of ``--prompts`` random prompts × ``--prompt-len`` tokens, ``--new-tokens``
   tokens each at temperature 1 (the random model never samples an end token: it has none) against transformers'
   ``model.generate`` of the same batch (sampling, no top-k / top-p, exactly ``--new-tokens`` tokens).
@@ -294,6 +297,35 @@ def measure_extraction(work: Workload, models: dict[str, Any], budget: Budget) -
     return out, latest["weights"]
 
 
+def memory_gb(device: str) -> float | None:
+    """Device memory allocated by this process, in GB (None on CPU)."""
+    import torch
+
+    return round(torch.cuda.memory_allocated() / 1e9, 3) if device.startswith("cuda") else None
+
+
+def measure_offload(work: Workload, backend: Any) -> dict[str, Any]:
+    """A colocated trainer's hand-over: its AdamW moments to host memory and back (seconds, memory freed)."""
+    out: dict[str, Any] = {"allocated_gb": memory_gb(work.device)}
+    out["offload_s"], _ = timed(backend.offload_optimizer, work.device)
+    out["offloaded_allocated_gb"] = memory_gb(work.device)
+    out["reload_s"], _ = timed(backend.reload_optimizer, work.device)
+    out["reloaded_allocated_gb"] = memory_gb(work.device)
+    return out
+
+
+async def measure_sleep(work: Workload, engine: Any) -> dict[str, Any]:
+    """A colocated engine's hand-over: the local engine's model to host memory and back."""
+    out: dict[str, Any] = {"allocated_gb": memory_gb(work.device)}
+    start = time.perf_counter()
+    await engine.sleep()
+    out["sleep_s"], out["asleep_allocated_gb"] = time.perf_counter() - start, memory_gb(work.device)
+    start = time.perf_counter()
+    await engine.wake_up()
+    out["wake_up_s"], out["awake_allocated_gb"] = time.perf_counter() - start, memory_gb(work.device)
+    return out
+
+
 def measure_decoding(work: Workload, model: Path, weights: Any, budget: Budget) -> dict[str, Any]:
     """Weight load into the local engine, then the engine's decoding against transformers' ``generate``."""
     import torch
@@ -342,6 +374,7 @@ def measure_decoding(work: Workload, model: Path, weights: Any, budget: Budget) 
             return float(seconds)
 
         seconds = alternate({"local": local, "hf": hf}, 1, work.repeats, budget, 0.0, "decoding")
+        out["sleep"] = loop.run_until_complete(measure_sleep(work, engine))
     finally:
         loop.run_until_complete(engine.close())
         loop.close()
@@ -487,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result["training"] = measure_training(work, models, params, budget)
             write(result, args.output)
             result["weights"], weights = measure_extraction(work, models, budget)
+            result["offload"] = measure_offload(work, models["torch"])
             write(result, args.output)
             del models
             if work.device.startswith("cuda"):

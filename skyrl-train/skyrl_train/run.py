@@ -73,6 +73,7 @@ __all__ = [
 if TYPE_CHECKING:
     from skyrl_train.backends.ray_group import FSDPBackend
     from skyrl_train.generators.env_workers import EnvWorkers
+    from skyrl_train.handover import ColocatedHandover
     from skyrl_train.inference.broadcast_sync import BroadcastSync
     from skyrl_train.ray_cluster import ActorDemand, Placement, RoleSpec
 
@@ -140,6 +141,7 @@ class _Session:
         self.placement: Placement | None = None  # the placement groups of the run's actors
         self.env_workers: EnvWorkers | None = None  # environment.num_env_workers > 0: the env actors
         self.broadcast: BroadcastSync | None = None  # trainer.backend=fsdp: how weights reach the engines
+        self.handover: ColocatedHandover | None = None  # trainer.placement=colocate: roles taking turns with memory
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -205,6 +207,7 @@ class _Session:
             sink=self.tracker,
             compute=compute,
             weight_sync=self._weight_sync(policy, engine),
+            handover=self._handover(policy, critic),
         )
 
     def _weight_sync(self, policy: TrainingBackend, engine: EngineSettings) -> Callable[[], Awaitable[object]] | None:
@@ -228,6 +231,15 @@ class _Session:
         nccl = gpus and t.placement == "disaggregate"
         self.broadcast = BroadcastSync(policy, receiver, backend="nccl" if nccl else "gloo")
         return self.broadcast.push
+
+    def _handover(self, policy: TrainingBackend, critic: TrainingBackend | None) -> ColocatedHandover | None:
+        """Colocated actors take turns with their bundles' memory (``skyrl_train.handover``); else None."""
+        if self.placement is None or self.config.trainer.placement != "colocate":
+            return None
+        from skyrl_train.handover import ColocatedHandover
+
+        self.handover = ColocatedHandover(self.engine, [b for b in (policy, critic) if b is not None])
+        return self.handover
 
     def _start_ray(self, parts: RunComponents) -> None:
         """Join or start Ray when some role runs in actors; check the cluster holds them; reserve their bundles."""

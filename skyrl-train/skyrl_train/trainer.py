@@ -19,6 +19,9 @@ One step, in order::
         engine.update_weights(policy.get_weights())        (paused while it loads; or the injected weight_sync,
                                                             e.g. a broadcast from the policy's rank 0)
 
+With colocated roles the injected ``handover`` lends the engines' memory to training right after generation and
+gives it back before the sync (``timing/handover_s``).
+
 Metrics per step include the mean ``|rollout log-prob − trainer log-prob|`` over generated tokens
 (``policy/rollout_logprob_gap``): on an on-policy step it measures how far the engine's numerics are from the
 trainer's, and must stay small.
@@ -112,6 +115,18 @@ class LoopSettings:
     seed: int = 42  # seeds the per-step sampling seeds and the mini-batch shuffles
 
 
+class Handover(Protocol):
+    """Hands device memory from the engines to the training backends after generation, and back before the sync."""
+
+    async def to_training(self) -> None:
+        """Generation is over: let the backends have the memory."""
+        ...
+
+    async def to_generation(self) -> None:
+        """Training is over: let the engines have it (awake, ready to load weights)."""
+        ...
+
+
 @dataclass
 class Trainer:
     """Runs RL steps and evaluations over injected components. See the module docstring for one step."""
@@ -132,6 +147,9 @@ class Trainer:
     # How the policy's weights reach the engine; None: engine.update_weights(policy.get_weights()). A run on Ray
     # workers passes skyrl_train.inference.broadcast_sync.BroadcastSync.push (rank 0 straight to the engines).
     weight_sync: Callable[[], Awaitable[object]] | None = None
+    # Colocated roles taking turns with one device's memory (skyrl_train.handover.ColocatedHandover); None: each
+    # role keeps its memory.
+    handover: Handover | None = None
     global_step: int = 0
     callbacks: list[Callable[[Trainer, Metrics], None]] = field(default_factory=list)
 
@@ -148,6 +166,10 @@ class Trainer:
         start = time.monotonic()
         experience, metrics = await self._rollout(prompts, next_prompts)
         timings["timing/generate_s"] = time.monotonic() - start
+        if self.handover is not None:
+            start = time.monotonic()
+            await self.handover.to_training()
+            timings["timing/handover_s"] = time.monotonic() - start
         start = time.monotonic()
         reuse = self._reuses_update_forward(experience)
         await self._computed(self._prepare, experience, metrics, old_log_probs=not reuse)
@@ -155,6 +177,10 @@ class Trainer:
         start = time.monotonic()
         metrics.update(await self._computed(self._update, experience, reuse_forward=reuse))
         timings["timing/update_s"] = time.monotonic() - start
+        if self.handover is not None:
+            start = time.monotonic()
+            await self.handover.to_generation()  # the engines must be awake to load the new weights
+            timings["timing/handover_s"] += time.monotonic() - start
         timings["timing/weight_sync_s"] = await self.sync_weights()
         self.global_step += 1
         metrics.update(timings)

@@ -207,6 +207,8 @@ def _vllm_options(config: Config) -> dict[str, Any]:
         options["gpu_memory_utilization"] = inf.gpu_memory_utilization
     if inf.enforce_eager:  # False leaves the platform's choice (eager on CPU, CUDA graphs on GPU)
         options["enforce_eager"] = True
+    if config.trainer.placement == "colocate":  # the engines sleep while their bundle's trainer trains (GPU)
+        options["sleep_mode"] = True
     return options
 
 

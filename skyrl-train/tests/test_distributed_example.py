@@ -70,5 +70,7 @@ def test_the_distributed_example_trains_three_steps(tiny_model_dir: Path, tmp_pa
         assert step["system/num_engines"] == 2.0
         assert step["policy/grad_norm"] > 0, {k: v for k, v in step.items() if k.startswith(("reward/", "policy/"))}
         assert step["policy/rollout_logprob_gap"] < 0.05  # the engines serve the weights the workers train
+        # Colocated roles take turns with memory each step (on CPU nothing moves, but the turns are taken).
+        assert ("timing/handover_s" in step) == (placement == "colocate")
     assert result.checkpoint is not None
     assert (result.checkpoint / "dcp").is_dir()

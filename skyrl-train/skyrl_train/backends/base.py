@@ -103,3 +103,16 @@ class TrainingBackend(Protocol):
     def load(self, path: Path) -> None:
         """Restore what :meth:`save` wrote."""
         ...
+
+
+@runtime_checkable
+class OffloadingBackend(Protocol):
+    """A backend that can lend its optimizer's device memory to colocated engines while they generate."""
+
+    def offload_optimizer(self) -> None:
+        """Move the optimizer state to host memory (nothing when it lives there already)."""
+        ...
+
+    def reload_optimizer(self) -> None:
+        """Move it back to the model's device, before the next optimizer step."""
+        ...

@@ -265,6 +265,14 @@ class FSDPBackend:
 
     # --- beyond the protocol ---
 
+    def offload_optimizer(self) -> None:
+        """Every rank moves its shard of the optimizer state to host memory (GPU ranks; nothing on CPU)."""
+        ray.get([worker.call.remote("offload_optimizer") for worker in self.workers])
+
+    def reload_optimizer(self) -> None:
+        """Every rank moves its shard back to its device."""
+        ray.get([worker.call.remote("reload_optimizer") for worker in self.workers])
+
     def weight_specs(self) -> list[TensorSpec]:
         """What :meth:`broadcast_weights` sends: each weight's name, full shape and dtype."""
         return list(ray.get(self.workers[0].call.remote("weight_specs")))

@@ -224,6 +224,21 @@ class TorchBackend:
         self.global_step += 1
         return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
 
+    @_on_compute_thread
+    def offload_optimizer(self) -> None:
+        """Move the AdamW moments to host memory until :meth:`reload_optimizer` (a model on CPU: nothing to do).
+
+        For a colocated run: the engines generate in the memory the moments held during training.
+        """
+        if self.device.type != "cpu":
+            move_optimizer_state(self.optimizer, torch.device("cpu"))
+
+    @_on_compute_thread
+    def reload_optimizer(self) -> None:
+        """Move the moments back to the model's device (before the next optimizer step)."""
+        if self.device.type != "cpu":
+            move_optimizer_state(self.optimizer, self.device)
+
     def get_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(Hugging Face name, tensor)`` pairs of the model, LoRA merged, tied weights once.
 
@@ -396,6 +411,21 @@ def _concat_outputs(outputs: list[ModelOutput], device: torch.device) -> ModelOu
         entropy=cat([o.entropy for o in outputs]),
         values=cat([o.values for o in outputs]),
     )
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move every per-parameter state tensor of ``optimizer`` to ``device``, in place, except scalar ones.
+
+    Scalars (AdamW's ``step``) stay where the optimizer keeps them: on the host unless it is capturable or fused,
+    and it refuses a ``step`` on the GPU otherwise.
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                state[key] = value.to(device, non_blocking=device.type == "cpu")
+    if device.type == "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()  # the host copies must be complete before their GPU memory is reused
+        torch.cuda.empty_cache()
 
 
 def combine_metrics(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, float]:

@@ -76,3 +76,20 @@ class InferenceEngine(Protocol):
     async def close(self) -> None:
         """Release the engine's processes and memory; idempotent."""
         ...
+
+
+@runtime_checkable
+class SleepingEngine(Protocol):
+    """An engine that can hand its accelerator memory to a colocated trainer between generations.
+
+    ``sleep`` releases what generation holds (weights and KV cache on a GPU) and ``wake_up`` takes it back; on a CPU
+    both may do nothing. ``generate`` must not be called in between.
+    """
+
+    async def sleep(self) -> None:
+        """Release the engine's accelerator memory until :meth:`wake_up`."""
+        ...
+
+    async def wake_up(self) -> None:
+        """Take the memory back; generation and weight loads work again."""
+        ...

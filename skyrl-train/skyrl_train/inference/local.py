@@ -124,6 +124,7 @@ class LocalEngine:
         self._owns_compute = compute is None
         self._compute = compute or ComputeThread("local-engine")
         self._gate = PauseGate()
+        self.asleep = False  # sleep() moved the model to host memory (GPU only)
         self._queue: asyncio.Queue[_Request] | None = None
         self._batcher: asyncio.Task[None] | None = None
         self._closed = False
@@ -145,6 +146,8 @@ class LocalEngine:
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Sample one completion per prompt (token ids), in order; waits while the engine is paused."""
         self._check_open()
+        if self.asleep:
+            raise RuntimeError("the engine is asleep (its GPU memory lent to training): call wake_up() first")
         self._validate(prompts, params)
         async with self._gate.admit():
             queue = self._bind_loop()
@@ -167,6 +170,30 @@ class LocalEngine:
         self._check_open()
         async with self._gate.quiesced():
             await self._compute.acall(self._load_weights, weights)
+
+    async def sleep(self) -> None:
+        """On a GPU: move the model to host memory and return the cached blocks to the driver; on CPU: nothing.
+
+        Waits for running ``generate`` calls; :meth:`wake_up` moves the model back.
+        """
+        self._check_open()
+        if self.device.type != "cuda" or self.asleep:
+            return
+        async with self._gate.quiesced():
+            await self._compute.acall(self._move_model, torch.device("cpu"))
+        self.asleep = True
+
+    async def wake_up(self) -> None:
+        """Move the model back to its device after :meth:`sleep`."""
+        self._check_open()
+        if self.asleep:
+            await self._compute.acall(self._move_model, self.device)
+            self.asleep = False
+
+    def _move_model(self, device: torch.device) -> None:
+        torch.nn.Module.to(self.model, device)
+        if device.type == "cpu":
+            torch.cuda.empty_cache()
 
     async def pause(self) -> None:
         """Hold new ``generate`` calls; return once running ones have finished."""

@@ -34,7 +34,7 @@ from typing import Any
 import ray
 import torch
 
-from skyrl_train.inference.base import GenerationOutput, SamplingParams
+from skyrl_train.inference.base import GenerationOutput, SamplingParams, SleepingEngine
 from skyrl_train.inference.factory import EngineKind
 from skyrl_train.inference.routing import PrefixRouter, RouterConfig
 from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddress
@@ -65,6 +65,14 @@ class _EngineActor:
     async def update_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
         await self.engine.update_weights(weights)
         self.version = version
+
+    async def sleep(self) -> None:
+        if isinstance(self.engine, SleepingEngine):
+            await self.engine.sleep()
+
+    async def wake_up(self) -> None:
+        if isinstance(self.engine, SleepingEngine):
+            await self.engine.wake_up()
 
     async def join_broadcast(self, address: GroupAddress, rank: int) -> None:
         """Join a weight-broadcast group as ``rank`` (in a thread: joining waits for every member)."""
@@ -229,6 +237,14 @@ class EngineGroup:
     async def resume(self) -> None:
         """Let every engine generate again."""
         await asyncio.gather(*(self._call_when_alive(engine, "resume") for engine in self.engines))
+
+    async def sleep(self) -> None:
+        """Every engine hands its accelerator memory over (see ``SleepingEngine``; nothing on CPU)."""
+        await asyncio.gather(*(self._call_when_alive(engine, "sleep") for engine in self.engines))
+
+    async def wake_up(self) -> None:
+        """Every engine takes its memory back (a restarted engine comes back awake)."""
+        await asyncio.gather(*(self._call_when_alive(engine, "wake_up") for engine in self.engines))
 
     async def _call_when_alive(self, handle: Any, method: str) -> None:
         try:

@@ -87,6 +87,7 @@ class VLLMEngineConfig:
     seed: int = 0  # engine seed; unseeded requests draw from it
     return_text: bool = True  # detokenize completions into GenerationOutput.text
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as they are
+    sleep_mode: bool = False  # GPU: build with enable_sleep_mode, so sleep()/wake_up() hand memory over
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -148,6 +149,8 @@ class VLLMEngine:
         self.config = config or VLLMEngineConfig()
         self.weight_transport: WeightTransport = self.config.weight_transport
         self.last_update_seconds: float | None = None  # worker-side load time of the latest update
+        self.sleeps = False  # whether sleep() releases memory (sleep_mode on a GPU; known once built)
+        self.asleep = False
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._ids = itertools.count()
@@ -164,6 +167,8 @@ class VLLMEngine:
         """Sample one completion per prompt (token ids), in order; waits while paused or starting."""
         self._check_open()
         await self.wait_ready()
+        if self.asleep:
+            raise RuntimeError("the engine is asleep (its GPU memory lent to training): call wake_up() first")
         if params.max_tokens == 0:  # vLLM requires at least one token; nothing to ask it
             empty: list[float] | None = [] if params.logprobs else None
             return [GenerationOutput([], empty, "length", "" if self._text else None) for _ in prompts]
@@ -198,6 +203,27 @@ class VLLMEngine:
             payload = pack_cuda_ipc(shared)
             await self._load(lambda llm: llm.collective_rpc("skyrl_load_weights_from_cuda_ipc", args=(payload,)))
             del shared
+
+    async def sleep(self) -> None:
+        """Release the GPU memory of weights and KV cache (vLLM sleep level 1: weights to host memory).
+
+        Waits for running ``generate`` calls. Does nothing on a CPU or without ``sleep_mode``: vLLM's CPU build
+        has no sleep mode, and its memory is the host's, which the trainer shares anyway.
+        """
+        self._check_open()
+        await self.wait_ready()
+        if self.sleeps and not self.asleep:
+            async with self._gate.quiesced():
+                await self.call(lambda llm: llm.sleep(level=1))
+            self.asleep = True
+
+    async def wake_up(self) -> None:
+        """Take the GPU memory back after :meth:`sleep` (the weights come back from host memory)."""
+        self._check_open()
+        await self.wait_ready()
+        if self.asleep:
+            await self.call(lambda llm: llm.wake_up())
+            self.asleep = False
 
     async def pause(self) -> None:
         """Hold new ``generate`` calls; return once running ones have finished."""
@@ -284,6 +310,7 @@ class VLLMEngine:
             llm = LLM(**llm_kwargs(self.model_path, self.config, on_cpu=on_cpu))
         if self.weight_transport == "auto":
             self.weight_transport = "direct" if _in_process_worker(llm) else "file"
+        self.sleeps = self.config.sleep_mode and not on_cpu
         return llm
 
     def _serve_commands(self, llm: Any, pending: dict[str, _Request], *, block: bool) -> bool:
@@ -371,6 +398,8 @@ def llm_kwargs(model_path: str, config: VLLMEngineConfig, *, on_cpu: bool) -> di
     }
     if config.tensor_parallel_size > 1:
         kwargs["distributed_executor_backend"] = TENSOR_PARALLEL_BACKEND
+    if config.sleep_mode and not on_cpu:  # vLLM's sleep mode needs its CUDA memory pool
+        kwargs["enable_sleep_mode"] = True
     if config.kv_cache_memory_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
     else:

@@ -113,10 +113,14 @@ def test_a_killed_engine_is_restarted_with_the_latest_weights_and_its_request_re
             await single.update_weights(weights)
             await group.update_weights(weights)
             long = SamplingParams(max_tokens=200, temperature=1.0, seed=3)
+            await group.pause()  # the requests are held on the engines: the kill surely finds one there
             running = asyncio.ensure_future(group.generate(PROMPTS[:2], long))
-            await asyncio.sleep(0.5)
-            ray.kill(group.engines[0], no_restart=False)  # the process dies mid-generation; Ray restarts it
-            outputs = await running
+            while sum(group.router.in_flight) < 2:
+                await asyncio.sleep(0.01)
+            busiest = max(range(2), key=lambda i: group.router.in_flight[i])
+            ray.kill(group.engines[busiest], no_restart=False)  # the process dies with a request; Ray restarts it
+            await group.resume()
+            outputs = await asyncio.wait_for(running, timeout=120)
             expected = await single.generate(PROMPTS[:2], long)
             return _tokens(outputs), _tokens(expected), group.restarts
         finally:

@@ -61,3 +61,16 @@ def test_the_run_configs_tensor_parallel_size_reaches_vllm() -> None:
     kwargs = llm_kwargs("m", VLLMEngineConfig(**settings.options), on_cpu=False)
     assert (kwargs["tensor_parallel_size"], kwargs["distributed_executor_backend"]) == (2, "mp")
     assert kwargs["gpu_memory_utilization"] == 0.6
+
+
+def test_sleep_mode_is_asked_of_vllm_on_a_gpu_only() -> None:
+    assert llm_kwargs("m", VLLMEngineConfig(sleep_mode=True), on_cpu=False)["enable_sleep_mode"] is True
+    assert "enable_sleep_mode" not in llm_kwargs("m", VLLMEngineConfig(sleep_mode=True), on_cpu=True)  # no CPU pool
+    assert "enable_sleep_mode" not in llm_kwargs("m", VLLMEngineConfig(), on_cpu=False)
+
+
+def test_colocated_runs_build_their_vllm_engines_to_sleep() -> None:
+    keys = ["inference.engine=vllm", "inference.num_engines=2", "trainer.backend=fsdp"]
+    colocated = engine_settings(load_config(None, [*keys, "trainer.placement=colocate"]))
+    assert colocated.options["sleep_mode"] is True
+    assert "sleep_mode" not in engine_settings(load_config(None, [*keys, "trainer.placement=disaggregate"])).options
