@@ -43,6 +43,7 @@ from skyrl_train.data.loader import PromptLoader
 from skyrl_train.generators import SkyRLGymGenerator
 from skyrl_train.inference.base import InferenceEngine
 from skyrl_train.inference.factory import create_engine
+from skyrl_train.timeline import PNG_FILE, TRACE_FILE, Timeline
 from skyrl_train.tracking import Tracker
 from skyrl_train.trainer import Metrics, Trainer, state_for_checkpoint
 from skyrl_train.wiring import (
@@ -91,6 +92,7 @@ class RunResult:
     checkpoint: Path | None = None
     export: Path | None = None
     plot: Path | None = None
+    timeline: Path | None = None  # timeline.png (beside trace.json)
     wall_seconds: float = 0.0
 
 
@@ -142,6 +144,7 @@ class _Session:
         self.env_workers: EnvWorkers | None = None  # environment.num_env_workers > 0: the env actors
         self.broadcast: BroadcastSync | None = None  # trainer.backend=fsdp: how weights reach the engines
         self.handover: ColocatedHandover | None = None  # trainer.placement=colocate: roles taking turns with memory
+        self.timeline = Timeline()  # every role's spans: trace.json and timeline.png at the end
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -208,7 +211,9 @@ class _Session:
             compute=compute,
             weight_sync=self._weight_sync(policy, engine),
             handover=self._handover(policy, critic),
+            timeline=self.timeline,
         )
+        generator.timeline = self.timeline
 
     def _weight_sync(self, policy: TrainingBackend, engine: EngineSettings) -> Callable[[], Awaitable[object]] | None:
         """With Ray workers, rank 0 broadcasts the weights straight to the engines (``inference.broadcast_sync``).
@@ -384,7 +389,17 @@ class _Session:
         if result.export != self._export_dir():  # the last step's export may have been written in the loop
             result.export = self._export()
         result.plot = self.tracker.finish()
+        result.timeline = self._write_timeline()
         return result
+
+    def _write_timeline(self) -> Path | None:
+        """``trace.json`` and ``timeline.png`` in the run directory (the picture only with matplotlib)."""
+        self.timeline.write_trace(self.run_dir / TRACE_FILE)
+        try:
+            return self.timeline.write_png(self.run_dir / PNG_FILE)
+        except ImportError:
+            logger.warning("timeline.png needs matplotlib (pip install matplotlib); trace.json was written")
+            return None
 
     async def _evaluate(self, result: RunResult) -> None:
         if not self.eval_prompts:

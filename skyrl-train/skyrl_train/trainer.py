@@ -43,6 +43,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -72,6 +73,7 @@ from skyrl_train.experience import Experience, to_experience
 from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutput
 from skyrl_train.inference.base import InferenceEngine, SamplingParams
 from skyrl_train.objective import Objective, add_token_weights, make_loss_fn, make_value_loss_fn
+from skyrl_train.timeline import Timeline
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -150,6 +152,9 @@ class Trainer:
     # Colocated roles taking turns with one device's memory (skyrl_train.handover.ColocatedHandover); None: each
     # role keeps its memory.
     handover: Handover | None = None
+    # Spans of the step's phases (skyrl_train.timeline); with one, every step logs the engine's and the trainer's
+    # busy fractions. The generator records the engine and env spans into the same timeline.
+    timeline: Timeline | None = None
     global_step: int = 0
     callbacks: list[Callable[[Trainer, Metrics], None]] = field(default_factory=list)
 
@@ -163,32 +168,50 @@ class Trainer:
         that exhausts ``max_sample_batches``).
         """
         timings: Metrics = {}
+        step_start = self._now()
         start = time.monotonic()
         experience, metrics = await self._rollout(prompts, next_prompts)
         timings["timing/generate_s"] = time.monotonic() - start
         if self.handover is not None:
             start = time.monotonic()
-            await self.handover.to_training()
+            with self._span("sync", "hand-over"):
+                await self.handover.to_training()
             timings["timing/handover_s"] = time.monotonic() - start
         start = time.monotonic()
         reuse = self._reuses_update_forward(experience)
-        await self._computed(self._prepare, experience, metrics, old_log_probs=not reuse)
+        with self._span("trainer", "prepare"):
+            await self._computed(self._prepare, experience, metrics, old_log_probs=not reuse)
         timings["timing/prepare_s"] = time.monotonic() - start
         start = time.monotonic()
-        metrics.update(await self._computed(self._update, experience, reuse_forward=reuse))
+        with self._span("trainer", "update"):
+            metrics.update(await self._computed(self._update, experience, reuse_forward=reuse))
         timings["timing/update_s"] = time.monotonic() - start
         if self.handover is not None:
             start = time.monotonic()
-            await self.handover.to_generation()  # the engines must be awake to load the new weights
+            with self._span("sync", "hand-over"):
+                await self.handover.to_generation()  # the engines must be awake to load the new weights
             timings["timing/handover_s"] += time.monotonic() - start
-        timings["timing/weight_sync_s"] = await self.sync_weights()
+        with self._span("sync", "weight sync"):
+            timings["timing/weight_sync_s"] = await self.sync_weights()
         self.global_step += 1
         metrics.update(timings)
+        if self.timeline is not None:
+            step_end = self._now()
+            self.timeline.record("step", "step", step_start, step_end)
+            for lane in ("engine", "trainer"):
+                fraction = self.timeline.busy_fraction(lane, step_start, step_end)
+                metrics[f"timing/{lane}_busy_fraction"] = fraction
         metrics["timing/step_s"] = sum(timings.values())
         metrics["system/num_policy_workers"] = float(getattr(self.policy, "num_workers", 1))
         metrics["system/num_engines"] = float(getattr(self.engine, "num_engines", 1))
         self._emit(metrics)
         return metrics
+
+    def _now(self) -> float:
+        return self.timeline.now() if self.timeline is not None else 0.0
+
+    def _span(self, lane: str, name: str) -> AbstractContextManager[None]:
+        return self.timeline.span(lane, name) if self.timeline is not None else nullcontext()
 
     async def _computed(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, on the compute thread when there is one (see ``skyrl_train.compute_thread``).

@@ -129,6 +129,18 @@ def test_training_run_writes_checkpoint_export_and_plot(tiny_model_dir: Path, tm
     assert all(m["policy/rollout_logprob_gap"] < 1e-3 for m in metrics.values())
     # The reward has signal, so the policy actually moved.
     assert all(m["policy/grad_norm"] > 0 for m in metrics.values())
+    # The timeline: busy fractions every step, a Chrome trace with every role's lane, and its picture.
+    logged = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for m in (row for row in logged if "reward/mean" in row):
+        assert 0 < m["timing/engine_busy_fraction"] <= 1
+        assert 0 < m["timing/trainer_busy_fraction"] <= 1
+    assert result.timeline is not None
+    assert result.timeline.stat().st_size > 0
+    trace = json.loads((result.run_dir / "trace.json").read_text())
+    lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"trainer", "sync", "engine", "env"} <= lanes
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"prepare", "update", "weight sync", "generate", "step"} <= names
     from transformers import AutoModelForCausalLM
 
     assert result.export is not None

@@ -53,7 +53,7 @@ import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from skyrl_train.generators.env_workers import EnvWorkers
+    from skyrl_train.timeline import Timeline
 
 __all__ = [
     "FAILURE_STOP_REASONS",
@@ -264,6 +265,7 @@ class SkyRLGymGenerator:
     ) -> None:
         self.engine = engine
         self.env_workers = env_workers
+        self.timeline: Timeline | None = None  # set by a run: engine and env calls are recorded as spans
         self.config = config or GeneratorConfig()
         self.chat = ChatEncoder(
             tokenizer,
@@ -457,7 +459,8 @@ class SkyRLGymGenerator:
         prompts = [r.prompt_ids + r.response_ids for r in rollouts]
         start = time.perf_counter()
         try:
-            outputs = await self.engine.generate(prompts, params)
+            with self._span("engine", "generate"):
+                outputs = await self.engine.generate(prompts, params)
         except Exception as exc:
             raise EngineError(f"engine.generate raised {type(exc).__name__}: {exc}") from exc
         finally:
@@ -533,11 +536,15 @@ class SkyRLGymGenerator:
         """Await one env call, charging its time to the rollout and turning its exceptions into :class:`EnvError`."""
         start = time.perf_counter()
         try:
-            return await call()
+            with self._span("env", what):
+                return await call()
         except Exception as exc:
             raise EnvError(f"{rollout.env_class} {what} raised {type(exc).__name__}: {exc}") from exc
         finally:
             rollout.env_time_s += time.perf_counter() - start
+
+    def _span(self, lane: str, name: str) -> AbstractContextManager[None]:
+        return self.timeline.span(lane, name) if self.timeline is not None else nullcontext()
 
     async def _finish(self, rollout: _Rollout) -> None:
         """Read the env's metrics and close it, each bounded by ``close_timeout_s``; failures are recorded."""

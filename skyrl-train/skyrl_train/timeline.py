@@ -1,0 +1,159 @@
+"""Where the time of a run goes: spans per role, busy fractions, a Chrome trace and a picture.
+
+Roles record spans into one :class:`Timeline`, each span on a *lane*:
+
+    step      one span per training step (the window the busy fractions of a step are taken over)
+    trainer   prepare (reference / old log-probs, advantages), update (forward, backward, optimizer steps)
+    sync      weight sync, hand-over of colocated memory
+    engine    one span per generation call, from request to answer (overlapping calls overlap)
+    env       one span per env call (init, step, metrics, close)
+
+A lane's *busy fraction* over a window is the length of the union of its spans in the window over the window's
+length: the engine lane's is the share of the time at least one request was in the engines, the trainer lane's the
+share of the time the trainer computed. The trainer logs both every step (``timing/engine_busy_fraction``,
+``timing/trainer_busy_fraction``); what neither covers is time the accelerators wait.
+
+:meth:`Timeline.write_trace` writes the Chrome trace-event format (``trace.json``, opened by Perfetto or
+``chrome://tracing``): one thread per lane. :meth:`Timeline.write_png` draws one row per lane with the whole run's
+busy fractions in the title (``timeline.png``). A timeline keeps its last ``max_spans`` spans, so a long run's
+memory stays bounded; busy fractions of earlier windows are computed when their step ends, so they are unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LANES", "Span", "Timeline", "union_length"]
+
+LANES = ("step", "trainer", "sync", "engine", "env")  # drawn in this order; other lanes follow alphabetically
+TRACE_FILE = "trace.json"
+PNG_FILE = "timeline.png"
+COLORS = {"step": "#bbbbbb", "trainer": "#4c72b0", "sync": "#dd8452", "engine": "#55a868", "env": "#c44e52"}
+
+
+@dataclass(frozen=True)
+class Span:
+    """``[start, end)`` seconds since the timeline's origin, on ``lane``."""
+
+    lane: str
+    name: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        """The span's length."""
+        return self.end - self.start
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once)."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+class Timeline:
+    """Spans of every role of one run (see the module docstring). Not thread-safe: record from the event loop."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_spans: int = 500_000) -> None:
+        self._clock = clock
+        self.origin = clock()
+        self.spans: deque[Span] = deque(maxlen=max_spans)
+
+    def now(self) -> float:
+        """Seconds since the origin."""
+        return self._clock() - self.origin
+
+    def record(self, lane: str, name: str, start: float, end: float) -> None:
+        """Add a span measured elsewhere (``start``/``end`` from :meth:`now`)."""
+        self.spans.append(Span(lane, name, start, end))
+
+    @contextmanager
+    def span(self, lane: str, name: str) -> Iterator[None]:
+        """Record the ``with`` block as a span (also when it raises)."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.record(lane, name, start, self.now())
+
+    def busy_fraction(self, lane: str, start: float, end: float) -> float:
+        """The share of ``[start, end)`` covered by ``lane``'s spans (0 for an empty window)."""
+        if end <= start:
+            return 0.0
+        clipped = [(max(s.start, start), min(s.end, end)) for s in self.spans if s.lane == lane]
+        return union_length((a, b) for a, b in clipped if b > a) / (end - start)
+
+    def lanes(self) -> list[str]:
+        """Lanes that have spans: the known ones in :data:`LANES` order, then the rest alphabetically."""
+        present = {s.lane for s in self.spans}
+        return [lane for lane in LANES if lane in present] + sorted(present - set(LANES))
+
+    # --- files ---
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """The spans as Chrome trace events (complete events, microseconds), one thread per lane."""
+        tids = {lane: index + 1 for index, lane in enumerate(self.lanes())}
+        events: list[dict[str, Any]] = [
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": lane}}
+            for lane, tid in tids.items()
+        ]
+        events += [
+            {
+                "name": s.name,
+                "cat": s.lane,
+                "ph": "X",
+                "ts": round(s.start * 1e6, 1),
+                "dur": round(s.seconds * 1e6, 1),
+                "pid": 1,
+                "tid": tids[s.lane],
+            }
+            for s in self.spans
+        ]
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def write_trace(self, path: str | Path) -> Path:
+        """Write :meth:`chrome_trace` as JSON to ``path``."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.chrome_trace()))
+        return out
+
+    def write_png(self, path: str | Path) -> Path:
+        """Draw one row per lane over the run, the lanes' busy fractions in the title (needs matplotlib)."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        lanes = self.lanes()
+        start = min((s.start for s in self.spans), default=0.0)
+        end = max((s.end for s in self.spans), default=1.0)
+        figure = Figure(figsize=(12, 1 + 0.6 * max(len(lanes), 1)), layout="constrained")
+        FigureCanvasAgg(figure)
+        axes = figure.add_subplot(1, 1, 1)
+        for row, lane in enumerate(lanes):
+            bars = [(s.start, s.seconds) for s in self.spans if s.lane == lane]
+            edge = {"edgecolor": "white", "linewidth": 1.0} if lane == "step" else {}  # consecutive steps apart
+            axes.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLORS.get(lane, "#8172b3"), **edge)
+        axes.set_yticks(range(len(lanes)), lanes)
+        axes.invert_yaxis()
+        axes.set_xlabel("seconds since the run started")
+        busy = ", ".join(f"{lane} {self.busy_fraction(lane, start, end):.0%}" for lane in lanes)
+        axes.set_title(f"busy: {busy}" if lanes else "no spans recorded")
+        axes.grid(axis="x", alpha=0.3)
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out, dpi=100)
+        return out
