@@ -214,6 +214,8 @@ class _Session:
             timeline=self.timeline,
         )
         generator.timeline = self.timeline
+        if hasattr(self.engine, "timeline"):  # an EngineGroup: a lane per engine
+            self.engine.timeline = self.timeline
 
     def _weight_sync(self, policy: TrainingBackend, engine: EngineSettings) -> Callable[[], Awaitable[object]] | None:
         """With Ray workers, rank 0 broadcasts the weights straight to the engines (``inference.broadcast_sync``).

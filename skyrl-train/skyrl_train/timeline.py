@@ -6,12 +6,14 @@ Roles record spans into one :class:`Timeline`, each span on a *lane*:
     trainer   prepare (reference / old log-probs, advantages), update (forward, backward, optimizer steps)
     sync      weight sync, hand-over of colocated memory
     engine    one span per generation call, from request to answer (overlapping calls overlap)
+    engine i  with engines as actors (an ``EngineGroup``), one span per request on the engine that served it
     env       one span per env call (init, step, metrics, close)
 
 A lane's *busy fraction* over a window is the length of the union of its spans in the window over the window's
 length: the engine lane's is the share of the time at least one request was in the engines, the trainer lane's the
-share of the time the trainer computed. The trainer logs both every step (``timing/engine_busy_fraction``,
-``timing/trainer_busy_fraction``); what neither covers is time the accelerators wait.
+share of the time the trainer computed. With a lane per engine, the engines' busy fraction is the mean of theirs.
+The trainer logs both every step (``timing/engine_busy_fraction``, ``timing/trainer_busy_fraction``); what neither
+covers is time the accelerators wait.
 
 :meth:`Timeline.write_trace` writes the Chrome trace-event format (``trace.json``, opened by Perfetto or
 ``chrome://tracing``): one thread per lane. :meth:`Timeline.write_png` draws one row per lane with the whole run's
@@ -65,6 +67,12 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+def _lane_order(lane: str) -> tuple[str, int]:
+    """``engine 2`` before ``engine 10``."""
+    stem, _, number = lane.rpartition(" ")
+    return (stem, int(number)) if number.isdigit() else (lane, -1)
+
+
 class Timeline:
     """Spans of every role of one run (see the module docstring). Not thread-safe: record from the event loop."""
 
@@ -100,7 +108,7 @@ class Timeline:
     def lanes(self) -> list[str]:
         """Lanes that have spans: the known ones in :data:`LANES` order, then the rest alphabetically."""
         present = {s.lane for s in self.spans}
-        return [lane for lane in LANES if lane in present] + sorted(present - set(LANES))
+        return [lane for lane in LANES if lane in present] + sorted(present - set(LANES), key=_lane_order)
 
     # --- files ---
 

@@ -198,14 +198,19 @@ class Trainer:
         if self.timeline is not None:
             step_end = self._now()
             self.timeline.record("step", "step", step_start, step_end)
-            for lane in ("engine", "trainer"):
-                fraction = self.timeline.busy_fraction(lane, step_start, step_end)
-                metrics[f"timing/{lane}_busy_fraction"] = fraction
+            metrics["timing/trainer_busy_fraction"] = self.timeline.busy_fraction("trainer", step_start, step_end)
+            metrics["timing/engine_busy_fraction"] = self._engine_busy(step_start, step_end)
         metrics["timing/step_s"] = sum(timings.values())
         metrics["system/num_policy_workers"] = float(getattr(self.policy, "num_workers", 1))
         metrics["system/num_engines"] = float(getattr(self.engine, "num_engines", 1))
         self._emit(metrics)
         return metrics
+
+    def _engine_busy(self, start: float, end: float) -> float:
+        """The engines' mean busy fraction: over each engine's own lane when they have one, else the shared lane."""
+        assert self.timeline is not None
+        lanes = [lane for lane in self.timeline.lanes() if lane.startswith("engine ")] or ["engine"]
+        return sum(self.timeline.busy_fraction(lane, start, end) for lane in lanes) / len(lanes)
 
     def _now(self) -> float:
         return self.timeline.now() if self.timeline is not None else 0.0

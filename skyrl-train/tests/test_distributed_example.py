@@ -72,5 +72,9 @@ def test_the_distributed_example_trains_three_steps(tiny_model_dir: Path, tmp_pa
         assert step["policy/rollout_logprob_gap"] < 0.05  # the engines serve the weights the workers train
         # Colocated roles take turns with memory each step (on CPU nothing moves, but the turns are taken).
         assert ("timing/handover_s" in step) == (placement == "colocate")
+        assert 0 < step["timing/engine_busy_fraction"] <= 1  # the mean over the two engines' own lanes
+    trace = json.loads((result.run_dir / "trace.json").read_text())
+    lanes = {event["args"]["name"] for event in trace["traceEvents"] if event["ph"] == "M"}
+    assert {"engine 0", "engine 1", "trainer", "env"} <= lanes
     assert result.checkpoint is not None
     assert (result.checkpoint / "dcp").is_dir()

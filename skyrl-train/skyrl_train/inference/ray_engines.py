@@ -38,6 +38,7 @@ from skyrl_train.inference.base import GenerationOutput, SamplingParams, Sleepin
 from skyrl_train.inference.factory import EngineKind
 from skyrl_train.inference.routing import PrefixRouter, RouterConfig
 from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddress
+from skyrl_train.timeline import Timeline
 
 __all__ = ["EngineGroup"]
 
@@ -141,6 +142,7 @@ class EngineGroup:
         self.reloader: Callable[[], Awaitable[None]] | None = None
         self._catching_up = asyncio.Lock()
         self.restarts = 0  # requests sent again after their engine died
+        self.timeline: Timeline | None = None  # set by a run: each request is a span on its engine's lane
 
     @property
     def num_engines(self) -> int:
@@ -158,6 +160,7 @@ class EngineGroup:
             params = dataclasses.replace(params, seed=params.seed + index)
         engine = self.router.route(prompt)
         output: GenerationOutput | None = None
+        start = self.timeline.now() if self.timeline is not None else 0.0
         try:
             try:
                 (output,) = await self.engines[engine].generate.remote([prompt], params)
@@ -167,6 +170,8 @@ class EngineGroup:
                 (output,) = await self.engines[engine].generate.remote([prompt], params)
         finally:
             self.router.finished(engine, prompt + (output.token_ids if output is not None else []))
+            if self.timeline is not None:
+                self.timeline.record(f"engine {engine}", "generate", start, self.timeline.now())
         return output
 
     async def _restored(self, engine: int) -> None:

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from skyrl_train.inference.base import GenerationOutput, SamplingParams
 from skyrl_train.inference.local import LocalEngine
 from skyrl_train.inference.routing import PrefixRouter, RouterConfig
+from skyrl_train.timeline import Timeline
 
 SYSTEM = list(range(100, 132))  # two blocks every prompt shares, like a system prompt
 
@@ -80,8 +81,12 @@ def test_two_engines_sample_what_one_engine_samples(cluster: None, tiny_model_di
     async def scenario() -> tuple[list[list[int]], ...]:
         single = LocalEngine.from_pretrained(tiny_model_dir)
         group = EngineGroup("local", str(tiny_model_dir), 2, num_cpus_per_engine=0.5)
+        group.timeline = timeline = Timeline()
         try:
             before = _tokens(await single.generate(PROMPTS, PARAMS)), _tokens(await group.generate(PROMPTS, PARAMS))
+            # Every request is a span on the lane of the engine that served it; both engines served some.
+            assert timeline.lanes() == ["engine 0", "engine 1"]
+            assert len(timeline.spans) == len(PROMPTS)
             weights = _perturbed(tiny_model_dir)
             await single.update_weights(weights)
             await group.pause()
