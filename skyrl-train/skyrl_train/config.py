@@ -38,10 +38,11 @@ Derived values, filled by :func:`resolve` only (each field's comment says "deriv
 - ``algorithm.max_seq_len`` ← ``generator.max_response_length`` when set, else the longest possible response
 - ``trainer.run_name`` ← the last component of ``trainer.run_dir``
 - ``trainer.ckpt_path`` ← ``{run_dir}/checkpoints``; ``trainer.export_path`` ← ``{run_dir}/exports``
+- ``off_policy.tis_ratio_type`` ← ``token`` when ``trainer.async_mode`` is not ``sync`` and none is chosen
 
-Keys for what is not built yet (several ``inference.remote_urls``) are kept, so configs written for them keep
-loading, but :func:`validate` rejects any value but the default until "skyrl-train on Ray" builds them. Removed
-keys (:data:`REMOVED_KEYS`) fail to load with what replaces them.
+Values for what is not built yet (several ``inference.remote_urls``, ``trainer.async_mode=fully_async``) are kept,
+so configs written for them keep loading, but :func:`validate` rejects them until they are built. Removed keys
+(:data:`REMOVED_KEYS`) fail to load with what replaces them.
 
 Errors: everything raises :class:`ConfigError` (a ``ValueError``) with the offending key in the message.
 """
@@ -260,6 +261,9 @@ class TrainerConfig:
     num_cpus_per_worker: float = 1.0  # fsdp: CPUs a Ray actor of a worker group asks for
     num_gpus_per_worker: float = 0.0  # fsdp: GPUs a Ray actor asks for; > 0 makes the ranks talk over NCCL
     placement: Literal["colocate", "disaggregate"] = "disaggregate"  # Ray actors: share bundles, or own ones
+    # "one_step_off": step k+1's rollouts run while step k trains (one policy version old, TIS-corrected);
+    # "fully_async" is not built yet
+    async_mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
     epochs: int = 1  # passes over the training prompts
     max_training_steps: int | None = None  # stop after this many steps; None = epochs * steps per epoch
     train_batch_size: int = 1024  # PROMPTS per training step (rows = prompts * n_samples_per_prompt)
@@ -664,6 +668,7 @@ def resolve(config: Config) -> Config:
             eval_max_generate_length=_default(gen.eval_max_generate_length, gen.max_generate_length),
         ),
         algorithm=dataclasses.replace(alg, max_seq_len=max_seq_len),
+        off_policy=_async_correction(config),
         trainer=dataclasses.replace(
             trainer,
             run_dir=run_dir,
@@ -884,6 +889,7 @@ def _check_trainer(config: Config) -> list[str]:
     if t.max_ckpts_to_keep == 0 or t.max_ckpts_to_keep < -1:
         problems.append(f"trainer.max_ckpts_to_keep must be -1 (keep all) or >= 1, got {t.max_ckpts_to_keep}")
     problems += _check_workers(config)
+    problems += _check_async(config)
     if t.resume_mode == "from_path":
         problems += _check_resume_path(t.resume_path)
     if config.environment.num_env_workers < 0 or config.environment.num_cpus_per_env_worker < 0:
@@ -918,6 +924,36 @@ def _check_workers(config: Config) -> list[str]:
             "set trainer.max_tokens_per_microbatch=-1"
         )
     return problems
+
+
+def _check_async(config: Config) -> list[str]:
+    """``trainer.async_mode``: what overlapping generation with training cannot be combined with."""
+    t = config.trainer
+    if t.async_mode == "sync":
+        return []
+    if t.async_mode == "fully_async":
+        return ["trainer.async_mode=fully_async is not supported yet: set trainer.async_mode=one_step_off (or sync)"]
+    problems = []
+    if config.algorithm.dynamic_sampling is not None:
+        problems.append(
+            "trainer.async_mode=one_step_off generates the next batch while this one trains, and dynamic sampling "
+            "would draw its refills from the same prompt stream at the same time: set algorithm.dynamic_sampling=null "
+            "or trainer.async_mode=sync"
+        )
+    on_ray = t.backend == "fsdp" or config.inference.num_engines > 1
+    if t.placement == "colocate" and on_ray:
+        problems.append(
+            "trainer.async_mode=one_step_off overlaps generation with training, but colocated roles take turns with "
+            "their memory: set trainer.placement=disaggregate or trainer.async_mode=sync"
+        )
+    return problems
+
+
+def _async_correction(config: Config) -> OffPolicyCorrectionConfig:
+    """The async modes train on samples of an older policy: token-level TIS unless another correction is chosen."""
+    if config.trainer.async_mode == "sync" or config.off_policy.tis_ratio_type is not None:
+        return config.off_policy
+    return dataclasses.replace(config.off_policy, tis_ratio_type="token")
 
 
 def _check_group_sizes(t: TrainerConfig) -> list[str]:

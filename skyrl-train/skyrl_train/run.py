@@ -364,6 +364,17 @@ class _Session:
         self.worker_groups.append(backend)  # at once: a later group that fails to start must not leak this one
         return backend
 
+    def _generates_ahead(self) -> bool:
+        """one_step_off: whether this step also starts the next one's rollouts.
+
+        Not when a checkpoint follows this step: nothing may be in flight when it is written, so a resumed run
+        draws and generates the next batch exactly as the uninterrupted one did.
+        """
+        t = self.config.trainer
+        after = self.trainer.global_step + 1  # the step this call trains
+        checkpoint_follows = t.ckpt_interval > 0 and after % t.ckpt_interval == 0
+        return t.async_mode == "one_step_off" and after < self.total_steps() and not checkpoint_follows
+
     def total_steps(self) -> int:
         return training_steps(self.config.trainer, steps_per_epoch=len(self.loader))
 
@@ -374,9 +385,12 @@ class _Session:
         if t.eval_before_train and self.trainer.global_step == 0:
             await self._evaluate(result)
         batches = self.loader.stream()
+        ahead: list[PromptRecord] | None = None  # one_step_off: the next step's prompts, generating already
         while self.trainer.global_step < self.total_steps():
+            batch = ahead if ahead is not None else next(batches)
+            ahead = next(batches) if self._generates_ahead() else None
             # Dynamic sampling draws its refills from the same stream, so they advance the saved loader state.
-            result.last_metrics = await self.trainer.train_step(next(batches), lambda: next(batches))
+            result.last_metrics = await self.trainer.train_step(batch, lambda: next(batches), upcoming=ahead)
             step = self.trainer.global_step
             if self.eval_prompts and t.eval_interval > 0 and step % t.eval_interval == 0:
                 await self._evaluate(result)

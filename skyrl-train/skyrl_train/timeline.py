@@ -16,9 +16,10 @@ The trainer logs both every step (``timing/engine_busy_fraction``, ``timing/trai
 covers is time the accelerators wait.
 
 :meth:`Timeline.write_trace` writes the Chrome trace-event format (``trace.json``, opened by Perfetto or
-``chrome://tracing``): one thread per lane. :meth:`Timeline.write_png` draws one row per lane with the whole run's
-busy fractions in the title (``timeline.png``). A timeline keeps its last ``max_spans`` spans, so a long run's
-memory stays bounded; busy fractions of earlier windows are computed when their step ends, so they are unaffected.
+``chrome://tracing``): one thread per lane. :meth:`Timeline.write_png` draws one row per lane over the training
+steps, with the lanes' busy fractions over the steps in the title (``timeline.png``). A timeline keeps its last
+``max_spans`` spans, so a long run's memory stays bounded; busy fractions of earlier windows are computed when their
+step ends, so they are unaffected.
 """
 
 from __future__ import annotations
@@ -141,13 +142,15 @@ class Timeline:
         return out
 
     def write_png(self, path: str | Path) -> Path:
-        """Draw one row per lane over the run, the lanes' busy fractions in the title (needs matplotlib)."""
+        """Draw one row per lane over the training steps, their busy fractions in the title (needs matplotlib)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
         lanes = self.lanes()
-        start = min((s.start for s in self.spans), default=0.0)
-        end = max((s.end for s in self.spans), default=1.0)
+        # The training steps when there are some (start-up and a final evaluation are in the trace), else everything.
+        window = [s for s in self.spans if s.lane == "step"] or list(self.spans)
+        start = min((s.start for s in window), default=0.0)
+        end = max((s.end for s in window), default=1.0)
         figure = Figure(figsize=(12, 1 + 0.6 * max(len(lanes), 1)), layout="constrained")
         FigureCanvasAgg(figure)
         axes = figure.add_subplot(1, 1, 1)
@@ -159,6 +162,8 @@ class Timeline:
         axes.set_yticks(range(len(lanes)), lanes)
         axes.invert_yaxis()
         axes.set_xlabel("seconds since the run started")
+        if end > start:
+            axes.set_xlim(start - 0.01 * (end - start), end + 0.01 * (end - start))
         busy = ", ".join(f"{lane} {self.busy_fraction(lane, start, end):.0%}" for lane in lanes)
         axes.set_title(f"busy: {busy}" if lanes else "no spans recorded")
         axes.grid(axis="x", alpha=0.3)

@@ -38,6 +38,7 @@ old log-probs before the update, so it does too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -45,7 +46,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 import torch
 
@@ -80,6 +81,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 Metrics = dict[str, float]
+AsyncMode = Literal["sync", "one_step_off"]
 PromptSource = Callable[[], Sequence[PromptRecord]]
 """Hands out the next batch of training prompts (dynamic sampling draws more than one per step)."""
 
@@ -115,6 +117,16 @@ class LoopSettings:
     reuse_update_log_probs: bool = True  # one update on one mini-batch: old log-probs from its forward pass
     eval_n_samples_per_prompt: int = 1
     seed: int = 42  # seeds the per-step sampling seeds and the mini-batch shuffles
+    async_mode: AsyncMode = "sync"  # "one_step_off": the next step generates while this one trains
+
+
+@dataclass
+class _Ahead:
+    """Rollouts of the next step's prompts, running while this step trains."""
+
+    prompts: Sequence[PromptRecord]
+    rollout: asyncio.Future[tuple[Experience, Metrics]]
+    version: int  # the policy version (optimizer steps) whose weights generate them
 
 
 class Handover(Protocol):
@@ -157,21 +169,37 @@ class Trainer:
     timeline: Timeline | None = None
     global_step: int = 0
     callbacks: list[Callable[[Trainer, Metrics], None]] = field(default_factory=list)
+    _ahead: _Ahead | None = field(default=None, init=False, repr=False)  # one_step_off: the next step's rollouts
 
     # ------------------------------------------------------------------------------------------ one RL step
 
-    async def train_step(self, prompts: Sequence[PromptRecord], next_prompts: PromptSource | None = None) -> Metrics:
+    async def train_step(
+        self,
+        prompts: Sequence[PromptRecord],
+        next_prompts: PromptSource | None = None,
+        upcoming: Sequence[PromptRecord] | None = None,
+    ) -> Metrics:
         """Roll out ``prompts``, update the policy (and critic) on the trajectories, sync the engine; return metrics.
 
         ``next_prompts`` hands out further prompt batches; dynamic sampling draws from it when ``prompts`` alone
         does not yield a training batch (without it, such a step raises ``DynamicSamplingError``, as does one
         that exhausts ``max_sample_batches``).
+
+        ``upcoming`` (``async_mode="one_step_off"``): the next step's prompts. Their rollouts start once this step's
+        experience is ready, on the weights before this step's update, and run while it trains; the sync waits for
+        them, and the next call, given the same prompts, trains on them (one policy version old).
         """
+        if upcoming is not None and self.settings.async_mode != "one_step_off":
+            raise ValueError("upcoming prompts are generated ahead only with async_mode='one_step_off'")
         timings: Metrics = {}
         step_start = self._now()
         start = time.monotonic()
-        experience, metrics = await self._rollout(prompts, next_prompts)
+        experience, metrics, version = await self._experience(prompts, next_prompts)
         timings["timing/generate_s"] = time.monotonic() - start
+        if upcoming is not None:
+            rollout = self._rollout(upcoming, None, step=self.global_step + 1)
+            self._ahead = _Ahead(upcoming, asyncio.ensure_future(rollout), self.global_step)
+            await asyncio.sleep(0)  # let it send its first requests before the update takes the thread
         if self.handover is not None:
             start = time.monotonic()
             with self._span("sync", "hand-over"):
@@ -191,8 +219,13 @@ class Trainer:
             with self._span("sync", "hand-over"):
                 await self.handover.to_generation()  # the engines must be awake to load the new weights
             timings["timing/handover_s"] += time.monotonic() - start
+        if self._ahead is not None:  # the rollouts generated ahead use the old weights to their end
+            start = time.monotonic()
+            await asyncio.wait({self._ahead.rollout})
+            timings["timing/wait_ahead_s"] = time.monotonic() - start
         with self._span("sync", "weight sync"):
             timings["timing/weight_sync_s"] = await self.sync_weights()
+        metrics["async/staleness"] = float(self.global_step - version)
         self.global_step += 1
         metrics.update(timings)
         if self.timeline is not None:
@@ -212,6 +245,22 @@ class Trainer:
         lanes = [lane for lane in self.timeline.lanes() if lane.startswith("engine ")] or ["engine"]
         return sum(self.timeline.busy_fraction(lane, start, end) for lane in lanes) / len(lanes)
 
+    async def _experience(
+        self, prompts: Sequence[PromptRecord], next_prompts: PromptSource | None
+    ) -> tuple[Experience, Metrics, int]:
+        """The experience of ``prompts`` (generated ahead during the last step, or now) and its policy version.
+
+        The version is the number of optimizer steps behind the weights that generated it.
+        """
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return (*await self._rollout(prompts, next_prompts), self.global_step)
+        if ahead.prompts is not prompts:
+            ahead.rollout.cancel()
+            raise ValueError("train_step got other prompts than the upcoming ones of the last step: pass those")
+        experience, metrics = await ahead.rollout
+        return experience, metrics, ahead.version
+
     def _now(self) -> float:
         return self.timeline.now() if self.timeline is not None else 0.0
 
@@ -224,19 +273,29 @@ class Trainer:
         Tensor work of the loop itself (advantages, mini-batch selection) then shares the thread of the model work,
         and the event loop keeps running meanwhile.
         """
-        if self.compute is None:
-            return fn(*args, **kwargs)
-        return await self.compute.acall(fn, *args, **kwargs)
+        if self.compute is not None:
+            return await self.compute.acall(fn, *args, **kwargs)
+        if self._ahead is not None and not self._ahead.rollout.done():
+            # Backends in other processes block on their calls: off the event loop, the rollouts generated ahead
+            # keep going meanwhile.
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
 
     async def _rollout(
-        self, prompts: Sequence[PromptRecord], next_prompts: PromptSource | None
+        self, prompts: Sequence[PromptRecord], next_prompts: PromptSource | None, step: int | None = None
     ) -> tuple[Experience, Metrics]:
-        """The step's experience (after dynamic sampling, if configured) and its rollout and reward metrics."""
+        """Step ``step``'s experience (after dynamic sampling, if configured) and its rollout and reward metrics.
+
+        ``step`` (default: the current one) seeds the sampling, so a batch generated a step ahead draws what it would
+        have drawn in its own step.
+        """
         outputs: list[GeneratorOutput] = []
+        step = self.global_step if step is None else step
 
         async def sample(attempt: int) -> Experience:
             batch = prompts if attempt == 0 else self._refill(next_prompts)
-            outputs.append(await self.generator.generate(self._generator_input(batch, training=True, attempt=attempt)))
+            request = self._generator_input(batch, training=True, attempt=attempt, step=step)
+            outputs.append(await self.generator.generate(request))
             return to_experience(outputs[-1], self.pad_token_id)
 
         s = self.settings
@@ -245,7 +304,7 @@ class Trainer:
                 sample, len(prompts), s.max_sample_batches, self.pad_token_id
             )
         elif s.dynamic_sampling == "replace":
-            generator = torch.Generator().manual_seed(s.seed * 1_000_003 + self.global_step)
+            generator = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
             experience, metrics = await replace_uninformative_groups(
                 sample, s.min_replace_ratio, s.max_sample_batches, generator
             )
@@ -262,7 +321,10 @@ class Trainer:
             )
         return next_prompts()
 
-    def _generator_input(self, prompts: Sequence[PromptRecord], *, training: bool, attempt: int = 0) -> GeneratorInput:
+    def _generator_input(
+        self, prompts: Sequence[PromptRecord], *, training: bool, attempt: int = 0, step: int | None = None
+    ) -> GeneratorInput:
+        step = self.global_step if step is None else step
         n = self.settings.n_samples_per_prompt if training else self.settings.eval_n_samples_per_prompt
         rows = [(p, i) for p in prompts for i in range(n)]
         params = self.sampling_params if training else self.eval_sampling_params
@@ -271,7 +333,7 @@ class Trainer:
             # only on the run seed and the step, so a resumed run draws exactly what the uninterrupted one did.
             # A dynamic-sampling refill (attempt > 0) is offset by attempt · 2^50: the per-trajectory offsets stay
             # below 2^20, so a refill never repeats a seed of its step's earlier batches.
-            seed = ((self.settings.seed * 1_000_003 + self.global_step * 2 + training) << 20) + (attempt << 50)
+            seed = ((self.settings.seed * 1_000_003 + step * 2 + training) << 20) + (attempt << 50)
             params = replace(params, seed=seed)
         return GeneratorInput(
             prompts=[p.messages for p, _ in rows],
@@ -280,7 +342,7 @@ class Trainer:
             trajectory_ids=[f"{p.uid}:{i}" for p, i in rows],
             sampling_params=params,
             training=training,
-            global_step=self.global_step,
+            global_step=step,
         )
 
     def _reuses_update_forward(self, experience: Experience) -> bool:

@@ -253,6 +253,7 @@ def loop_settings(config: Config) -> LoopSettings:
         logprob_temperature=g.temperature,  # log-probs are taken at the temperature the tokens were sampled at
         eval_n_samples_per_prompt=g.eval_n_samples_per_prompt,
         seed=t.seed,
+        async_mode="one_step_off" if t.async_mode == "one_step_off" else "sync",  # validate refuses fully_async
     )
 
 
