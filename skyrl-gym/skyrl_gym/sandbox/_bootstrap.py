@@ -24,12 +24,19 @@
 # server's memory into the child). Messages on the control socket (SOCK_SEQPACKET, one message each):
 #   server -> library  b"R" ready for a job (a child waits for it); b"S" the child took the job (sent by the
 #                      child); b"X <status>" the child's exit status (negative: killed by that signal), as soon as
-#                      the child reported it after its last output, else once it was reaped. After that the server
-#                      kills every process the job left and restores its sandbox, then sends b"R" again; if the
-#                      sandbox cannot be restored, it exits instead.
+#                      the child reported it after its last output and the kernel shows the child exiting (see
+#                      _watch_job), else once it was reaped. After that the server kills every process the job left
+#                      and restores its sandbox, then sends b"R" again; if the sandbox cannot be restored, it exits
+#                      instead.
 #   library -> server  b"<uid>\n<workdir>\n<timeout_s>" with four descriptors (SCM_RIGHTS): the job pipe (read
 #                      end, carrying the job as above), and the child's stdin, stdout and stderr. uid -1: keep the
 #                      server's uid; workdir empty: keep the server's working directory. An empty message: exit.
+#
+# Outside bwrap (`no_new_privs`) the interpreter sets no_new_privs before anything else; bwrap has set it already.
+# In rlimits mode as root (`private_ipc`) each run gets an IPC namespace of its own where the kernel allows it
+# (CAP_SYS_ADMIN): a one-run interpreter at start, a fork server's child right after its fork. Where it does not, a
+# fork server removes the System V objects the job's uid created from the host's namespace before it reports ready
+# again (the library does the same after one-run interpreters and killed jobs).
 _pristine = dict(globals())
 
 import types  # noqa: E402 -- after the snapshot above; the interpreter has imported it already
@@ -56,12 +63,15 @@ def _serve(
     status_fd: int,
     recursion_depth: int,
     server: tuple[int, bool, tuple[str, ...], bool] | None = None,
+    no_new_privs: bool = False,
+    private_ipc: bool = False,
 ) -> None:
     import os
     import resource
     import sys
     import types
 
+    kernel = _harden(no_new_privs, private_ipc, one_run=server is None)
     if uid >= 0:
         # Started as root with only CAP_SETUID/CAP_SETGID (bwrap) or as root outright: become the run's private
         # unprivileged uid before anything else, so RLIMIT_NPROC applies and host files stay read-only.
@@ -97,7 +107,8 @@ def _serve(
         os.write(status_fd, b"R")
         os.close(status_fd)
     else:
-        job_fd, done_fd = _fork_server(*server)  # returns only in a job's forked child, which goes on below
+        # Returns only in a job's forked child, which goes on below.
+        job_fd, done_fd = _fork_server(*server, kernel if private_ipc else None)
 
     chunks = []
     while True:
@@ -216,6 +227,131 @@ def _serve(
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     raise SystemExit(1)
+
+
+# --- Kernel calls without ctypes in sys.modules -----------------------------------------------------------------------
+_PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWIPC = 0x08000000
+_IPC_RMID = 0
+_SHM_DEST = 0o1000  # in a segment's mode: removed, destroyed once its last process detaches
+
+
+def _harden(no_new_privs: bool, private_ipc: bool, *, one_run: bool) -> types.SimpleNamespace | None:
+    """At start, before the uid switch: set no_new_privs, and (``private_ipc``) try a private IPC namespace.
+
+    A one-run interpreter moves into its IPC namespace now; a fork server gives one to each child instead.
+    Returns the kernel calls (see _kernel_calls) if either was asked for, else None.
+
+    Raises:
+        OSError: no_new_privs could not be set (the interpreter must then not serve).
+    """
+    if not (no_new_privs or private_ipc):
+        return None
+    kernel = _kernel_calls()
+    if no_new_privs and kernel.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(kernel.errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if private_ipc and one_run:
+        _unshare_ipc(kernel)
+    return kernel
+
+
+def _kernel_calls() -> types.SimpleNamespace:
+    """The C library's prctl, unshare, shmctl, semctl and msgctl, bound through _ctypes; sys.modules stays as it was.
+
+    ctypes itself would take ≈1.5 ms and leave five modules a fresh ``python -c`` does not have; _ctypes is
+    dropped from sys.modules again, so a snippet that imports ctypes gets it as in a fresh interpreter.
+    """
+    import sys
+    import types
+
+    loaded = "_ctypes" in sys.modules
+    import _ctypes
+
+    class Int(_ctypes._SimpleCData):  # type: ignore[type-arg]
+        _type_ = "i"
+
+    class ULong(_ctypes._SimpleCData):  # type: ignore[type-arg]
+        _type_ = "L"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    class Libc:
+        _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # NULL: the program and its libraries
+
+    def bind(name: str, *argtypes: type) -> object:
+        function = Function((name, Libc()))  # type: ignore[arg-type]  # anything with a _handle will do
+        function.argtypes = argtypes
+        return function
+
+    calls = types.SimpleNamespace(
+        prctl=bind("prctl", Int, ULong, ULong, ULong, ULong),
+        unshare=bind("unshare", Int),
+        shmctl=bind("shmctl", Int, Int, ULong),  # the buffer: NULL
+        semctl=bind("semctl", Int, Int, Int),
+        msgctl=bind("msgctl", Int, Int, ULong),
+        errno=_ctypes.get_errno,
+    )
+    if not loaded:
+        del sys.modules["_ctypes"]
+    return calls
+
+
+def _unshare_ipc(kernel: types.SimpleNamespace) -> bool:
+    """Move this process into a new IPC namespace (it dies with the last process in it); False if not allowed."""
+    return kernel.unshare(_CLONE_NEWIPC) == 0  # type: ignore[no-any-return]
+
+
+def _remove_ipc_of(uid: int, kernel: types.SimpleNamespace) -> bool:
+    """Remove the System V IPC objects of this IPC namespace that ``uid`` created; False if some are still there.
+
+    Run after the job's processes are gone: a removed shared memory segment is destroyed once nothing has it
+    attached. The creator uid (``cuid``) is the one thing about an object its owner cannot change. The removal
+    runs as ``uid``, in a short-lived child: root may remove other users' objects only with CAP_SYS_ADMIN, which a
+    root caller that gets rlimits mode usually lacks.
+    """
+    import os
+
+    kinds = ("shm", "sem", "msg")
+    found = {kind: _ipc_ids(kind, uid) for kind in kinds}
+    if not any(found.values()):
+        return True  # the common case, decided with three reads
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            for ident in found["shm"]:
+                kernel.shmctl(ident, _IPC_RMID, 0)
+            for ident in found["sem"]:
+                kernel.semctl(ident, 0, _IPC_RMID)
+            for ident in found["msg"]:
+                kernel.msgctl(ident, _IPC_RMID, 0)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return not any(_ipc_ids(kind, uid) for kind in kinds)
+
+
+def _ipc_ids(kind: str, uid: int) -> list[int]:
+    """The ids of the live System V objects of ``kind`` (``shm``, ``sem``, ``msg``) that ``uid`` created."""
+    import os
+
+    try:
+        fd = os.open("/proc/sysvipc/" + kind, os.O_RDONLY)
+    except FileNotFoundError:
+        return []  # a kernel without System V IPC
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    header, *rows = (line.split() for line in b"".join(chunks).splitlines())
+    cuid, mode = header.index(b"cuid"), header.index(b"perms")
+    return [int(row[1]) for row in rows if int(row[cuid]) == uid and not int(row[mode], 8) & _SHM_DEST]
 
 
 # --- Batches: one program, several standard inputs --------------------------------------------------------------------
@@ -495,7 +631,13 @@ def _write_all(fd: int, data: bytes) -> None:
 # --- Fork server ---------------------------------------------------------------------------------------------------
 
 
-def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...], check_ipc: bool) -> tuple[int, int]:
+def _fork_server(
+    control_fd: int,
+    in_namespace: bool,
+    tidy_dirs: tuple[str, ...],
+    check_ipc: bool,
+    kernel: types.SimpleNamespace | None,
+) -> tuple[int, int]:
     """Serve jobs on ``control_fd`` until the library hangs up; return only in a job's forked child.
 
     The server forks each job's child before the job arrives (a fork costs a good part of a short job), so a job
@@ -505,7 +647,9 @@ def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...]
     ``in_namespace``: the server is alone in its own PID namespace (bwrap), so after a job every process but the
     namespace's init and the server is a leftover of that job. ``tidy_dirs``: directories private to this server
     that a job may write to, emptied after each job. ``check_ipc``: the IPC namespace is private to this server, and
-    must hold no System V or POSIX IPC object after a job.
+    must hold no System V or POSIX IPC object after a job. ``kernel`` (rlimits mode: the IPC namespace is the
+    host's): give each child an IPC namespace of its own where allowed, and remove the System V objects each job's
+    uid created in the host's namespace.
     """
     import _socket
     import os
@@ -521,11 +665,15 @@ def _fork_server(control_fd: int, in_namespace: bool, tidy_dirs: tuple[str, ...]
             pid = os.fork()
             if pid == 0:
                 os.close(done_r)
+                if kernel is not None:
+                    _unshare_ipc(kernel)  # now, while the child is still root and before its job waits
                 return _await_job(control, done_w), done_w
             os.close(done_w)
             control.send(b"R")
             uid = _watch_job(pid, done_r, control, in_namespace)
-            if not (_kill_leftovers(uid, in_namespace) and _empty(baseline) and not (check_ipc and _ipc_objects())):
+            restored = _kill_leftovers(uid, in_namespace) and _empty(baseline)
+            restored = restored and not (check_ipc and _ipc_objects())
+            if not (restored and (kernel is None or _remove_ipc_of(uid, kernel))):
                 os._exit(0)  # the sandbox could not be restored: never serve again (the pool replaces us)
     except BaseException:
         # A broken server (or a child whose set-up failed) must never serve on: report on stderr and exit.
@@ -585,9 +733,10 @@ def _watch_job(pid: int, done_r: int, control: object, in_namespace: bool) -> in
     Returns the uid of the child's job; exits the server if the child ended without a job (the library closed the
     pool, or the child's set-up failed). The status is relayed as soon as the child reports it on ``done_r`` (after
     its last output, see _finish), so the library does not wait for the kernel to tear the child down; a child
-    that ends without a report (killed, or it closed the pipe) is relayed when reaped. A snippet can write a false
-    report, since the pipe is open while it runs: that only ends its own run early (what it prints afterwards is
-    lost), and the server kills it when its timeout has passed, as the library would have.
+    that ends without a report (killed, or it closed the pipe) is relayed when reaped. The pipe is open while the
+    snippet runs, so the snippet can write a report too: one is believed only if the kernel then shows the child
+    exiting (see _exiting), which the snippet cannot fake without ending for good. Any other report, or anything
+    malformed, makes the server ignore the pipe and relay the status it reaps.
     """
     import os
     import select
@@ -621,7 +770,7 @@ def _watch_job(pid: int, done_r: int, control: object, in_namespace: bool) -> in
                 if uid is None and len(fields) == 3 and fields[0] == b"J":
                     uid, timeout_s, listening = int(fields[1]), int(fields[2]) / 1000, True
                     deadline_at = time.monotonic() + timeout_s + 1.0
-                elif listening and not reported and _exit_report(fields):
+                elif listening and not reported and _exit_report(fields) and _exiting(pid, pidfd):
                     control.send(b"X %s" % fields[1])  # type: ignore[attr-defined]
                     reported, deadline = True, deadline_at
                 else:
@@ -665,6 +814,69 @@ def _exit_report(fields: list[bytes]) -> bool:
         return False
     status = fields[1]
     return status.isdigit() and len(status) <= 3 and int(status) < 256
+
+
+_PF_EXITING = 0x4  # a thread's kernel flag (field 9 of /proc/<pid>/task/<tid>/stat), set as it starts to exit
+_EXIT_GRACE_S = 0.05  # how long a report may run ahead of the child's exit before it counts as false
+
+
+def _exiting(pid: int, pidfd: int) -> bool:
+    """Whether the child ``pid`` is on its way out: every thread of it has PF_EXITING set, or it exited.
+
+    The kernel sets that flag as a thread starts to exit, before it tears down the memory (the slow part of an
+    exit, which a report lets the library skip waiting for); no process can set it otherwise. The child reports
+    just before it exits, so the flag may lag the report by a moment (the child may not have the CPU yet): it is
+    looked at again after short sleeps, for up to ``_EXIT_GRACE_S``. False: the report came from a process that is
+    still running.
+    """
+    import select
+    import time
+
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    deadline = time.monotonic() + _EXIT_GRACE_S
+    delay = 0.00002
+    while not (_all_threads_exiting(pid) or poller.poll(0)):
+        if time.monotonic() > deadline:
+            return False
+        # Sleep rather than yield: a yield would hand the CPU to the child's teardown, which is what we skip.
+        time.sleep(delay)
+        delay = min(delay * 2, 0.002)
+    return True
+
+
+def _all_threads_exiting(pid: int) -> bool:
+    """Whether every thread of ``pid`` (a child not yet reaped) has PF_EXITING set."""
+    import os
+
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if fields is None or not int(fields[6]) & _PF_EXITING:
+        return False
+    if int(fields[17]) == 1:  # num_threads: the common case, one read decides
+        return True
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if fields is not None and not int(fields[6]) & _PF_EXITING:  # None: that thread is gone
+            return False
+    return True
+
+
+def _stat_fields(path: str) -> list[bytes] | None:
+    """The fields of a ``/proc`` stat file after the command name (the state first), or None if it is gone."""
+    import os
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).rpartition(b")")[2].split()
+    finally:
+        os.close(fd)
 
 
 def _kill_job(uid: int, in_namespace: bool) -> None:
@@ -1003,16 +1215,17 @@ def _finish(status: int, interrupted: bool, done_fd: int = -1) -> None:
 
 
 def _report_exit(status: int, done_fd: int) -> None:
-    """Close the standard streams (the library sees them end) and write ``E <status>`` on ``done_fd``.
+    """Close the standard streams, lower this process's priority, then write ``E <status>`` on ``done_fd``.
 
-    Then lower this process's priority (nice 10) for its teardown.
+    The library sees the streams end; nice 10 is for the teardown; the report is the last thing before the exit,
+    which the server waits to see (_exiting).
     """
     try:
         _S.closerange(0, 3)  # ignores descriptors the snippet closed already
-        _S.write(done_fd, b"E %d\n" % (status & 0xFF))
         # What is left is the kernel tearing this process down: let the next job and the library go first (on 2
         # cores back-to-back runs took ≈10% less time). Lowering one's own priority needs no privilege.
         _S.setpriority(0, 0, 10)
+        _S.write(done_fd, b"E %d\n" % (status & 0xFF))
     except BaseException:
         pass  # the server then reports the status it reaps
 

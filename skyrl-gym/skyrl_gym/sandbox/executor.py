@@ -16,7 +16,7 @@ from skyrl_gym.sandbox.errors import SandboxStartError, SandboxUnavailableError
 from skyrl_gym.sandbox.exchange import Exchange, adrive, drive
 from skyrl_gym.sandbox.forkserver import fork_server_supported
 from skyrl_gym.sandbox.interpreter import SYSTEM_PYTHON, Interpreter, default_python, inspect_interpreter
-from skyrl_gym.sandbox.isolation import IsolationMode, check_mode, isolation_mode, running_as_root
+from skyrl_gym.sandbox.isolation import IsolationMode, check_mode, isolation_mode, mode_requested, running_as_root
 from skyrl_gym.sandbox.limits import SandboxLimits
 from skyrl_gym.sandbox.pool import WorkerPool
 from skyrl_gym.sandbox.result import ExecutionResult
@@ -88,6 +88,8 @@ class CodeExecutor:
     ) -> None:
         self.limits = limits or SandboxLimits()
         mode = check_mode(isolation) if isolation is not None else isolation_mode()
+        # Auto-detection settled on a weaker mode because bwrap does not work here (it logged why, once).
+        self._fallback = mode != "bwrap" and isolation is None and not mode_requested()
         if fork_server is None:
             fork_server = fork_server_supported()
         elif fork_server and not fork_server_supported():
@@ -124,6 +126,15 @@ class CodeExecutor:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._pool.closed
+
+    def metrics(self) -> dict[str, str | bool]:
+        """What an env can merge into its ``get_metrics()`` (numbers are averaged across episodes, text is dropped).
+
+        ``sandbox_mode``: the isolation mode of the runs (each :class:`ExecutionResult` carries it as
+        ``isolation``). ``sandbox_fallback``: True when bwrap does not work here and auto-detection chose a weaker
+        mode (not when the mode was asked for); its mean over episodes is the share that ran on such a fallback.
+        """
+        return {"sandbox_mode": self.isolation, "sandbox_fallback": self._fallback}
 
     def run(self, code: str, stdin: str | bytes = "", limits: SandboxLimits | None = None) -> ExecutionResult:
         """Run ``code`` as ``python -c code`` would, with ``stdin`` as its standard input; block until it ends.

@@ -8,9 +8,13 @@ exactly as a one-run interpreter would (``_bootstrap._serve``). The server waits
 sandbox before it takes the next job: it kills every process the job left (everything in its PID namespace but
 init and itself under bwrap, every process of the job's uid elsewhere), empties ``/tmp`` and ``/dev/shm`` (bwrap;
 outside bwrap the library removes the job's directory and what its uid left in the world-writable directories),
-and checks that the IPC namespace holds no System V object (bwrap, unshare) or POSIX message queue (bwrap). If
-it cannot restore that state, it exits and the pool replaces it. A job that times out, floods its output or is
-cancelled is killed together with its server.
+and checks that the IPC namespace holds no System V object (bwrap, unshare) or POSIX message queue (bwrap). In
+rlimits mode each child gets an IPC namespace of its own where the kernel allows it (CAP_SYS_ADMIN), and the server
+removes the System V objects the job's uid created in the host's namespace. If it cannot restore that state, it
+exits and the pool replaces it. A job that times out, floods its output or is cancelled is killed together with
+its server. The child's exit report (which lets the library skip waiting for the kernel to tear the child down) is
+believed only once the kernel shows the child exiting: the snippet can write on that pipe too, but a false report
+neither ends its run nor frees the server.
 
 A child costs a ``fork()`` of a warm interpreter instead of an interpreter start, and since the server never ran
 user code, the child's modules are as fresh as a new interpreter's. Fork servers need a root caller: a private
@@ -41,6 +45,7 @@ from skyrl_gym.sandbox.worker import (
     kill_every_process_of,
     make_private_dir,
     remove_files_of,
+    remove_ipc_of,
 )
 
 __all__ = ["ForkServer", "ForkedJob", "fork_server_supported"]
@@ -96,14 +101,7 @@ class ForkServer:
         os.close(stdin_w)
         in_namespace = config.mode == "bwrap"
         server = (theirs.fileno(), in_namespace, _BWRAP_TIDY_DIRS if in_namespace else (), config.mode != "rlimits")
-        source = bootstrap_source(
-            uid=-1,
-            preload=config.preload,
-            job_fd=-1,
-            status_fd=-1,
-            depth=config.interpreter.recursion_depth,
-            server=server,
-        )
+        source = bootstrap_source(config, uid=-1, job_fd=-1, status_fd=-1, server=server)
         argv = [config.interpreter.path, "-c", source]
         home = "/tmp"
         if config.mode == "bwrap":
@@ -303,6 +301,8 @@ class ForkedJob(Run):
         if self.config.mode != "bwrap":
             # Outside a PID namespace the job's processes do not die with the server.
             kill_every_process_of(self.uid, besides=-1)
+        if self.config.private_ipc:
+            remove_ipc_of(self.uid)  # what the server would have removed before its next job
 
     def reap(self) -> int:
         """Close the job's descriptors; the child's exit status (``-9`` if it was killed with its server)."""
@@ -327,5 +327,7 @@ class ForkedJob(Run):
             if self.config.mode != "bwrap":
                 kill_every_process_of(self.uid, besides=-1)
                 remove_files_of(self.uid)
+            if self.config.private_ipc:
+                remove_ipc_of(self.uid)
             uid_pool().release(self.uid)
             self.uid = -1

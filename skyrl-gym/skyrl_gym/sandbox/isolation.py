@@ -14,11 +14,18 @@ process); ``SKYRL_SANDBOX_ISOLATION=bwrap|unshare|rlimits`` or ``CodeExecutor(is
     ``unshare(1)`` gives the interpreter new network, IPC and UTS namespaces; it sees the host's files and
     processes. Its private temporary directory is a fresh host directory, removed after the run.
 ``rlimits``
-    A plain child process in its own session, with the same private host directory. No namespaces.
+    A plain child process in its own session, with the same private host directory. No namespaces, except an
+    IPC namespace of each run's own where the kernel allows it (a root caller with ``CAP_SYS_ADMIN``).
 
-In every mode: the interpreter is a separate process started with a clean environment; memory (address
-space), CPU time, file size and core dumps are capped with rlimits; the run is killed (its whole process group)
-at the wall-clock timeout or when an output stream exceeds its cap.
+In every mode: the interpreter is a separate process started with a clean environment and ``no_new_privs``
+set (bwrap sets it itself; elsewhere the bootstrap does, before the snippet runs), so nothing the snippet execs
+gains privileges from setuid bits or file capabilities; memory (address space), CPU time, file size and core
+dumps are capped with rlimits; the run is killed (its whole process group) at the wall-clock timeout or when
+an output stream exceeds its cap.
+
+When auto-detection settles on a mode weaker than bwrap, :func:`detect_isolation_mode` logs one warning per
+process saying why bwrap does not work, what is lost and how to get it; ``CodeExecutor.metrics()`` reports
+the mode and whether it is such a fallback.
 
 When the library runs as root (the usual case in containers) every mode also switches each run to a private
 unprivileged uid/gid before the snippet runs (setgroups/setgid/setuid: a one-run interpreter at start, a fork
@@ -26,15 +33,17 @@ server's child before the snippet; the server itself stays root and never runs a
 makes RLIMIT_NPROC effective (the kernel never enforces it for uid 0), what makes host files owned by root
 read-only to the snippet outside bwrap, and what lets the ``unshare`` and ``rlimits`` modes kill every process
 the run left behind, even daemons that left the process group (``kill(-1, SIGKILL)`` as that uid). It also
-lets them remove what the run wrote to the world-writable directories :data:`WORLD_WRITABLE_DIRS`. As a
-non-root caller those guarantees are absent; :func:`isolation_guarantees` lists what holds. (Under bwrap a fork
-server's namespaces serve its runs one after another; the server restores them after each run, see
-:mod:`~skyrl_gym.sandbox.forkserver`.)
+lets them remove what the run wrote to the world-writable directories :data:`WORLD_WRITABLE_DIRS`, and, in
+``rlimits`` mode without an IPC namespace of its own, the System V IPC objects it created (found by their
+creator uid, which a snippet cannot change). As a non-root caller those guarantees are absent;
+:func:`isolation_guarantees` lists what holds. (Under bwrap a fork server's namespaces serve its runs one after
+another; the server restores them after each run, see :mod:`~skyrl_gym.sandbox.forkserver`.)
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
@@ -53,6 +62,7 @@ __all__ = [
     "detect_isolation_mode",
     "isolation_guarantees",
     "isolation_mode",
+    "mode_requested",
     "running_as_root",
     "uid_pool",
     "unshare_command",
@@ -61,6 +71,8 @@ __all__ = [
 IsolationMode = Literal["bwrap", "unshare", "rlimits"]
 MODES: Final[tuple[IsolationMode, ...]] = get_args(IsolationMode)
 ENV_VAR: Final = "SKYRL_SANDBOX_ISOLATION"
+
+logger = logging.getLogger(__name__)
 
 # What a guarantee name in isolation_guarantees() promises.
 GUARANTEES: Final[dict[str, str]] = {
@@ -73,14 +85,24 @@ GUARANTEES: Final[dict[str, str]] = {
     "unprivileged": "the snippet runs as a private unprivileged uid, so root-owned host files are read-only",
     "process_limit": "max_processes (RLIMIT_NPROC) caps the processes and threads of the run",
     "escaped_processes": "every process the run started is killed when it ends, even ones that left its group",
+    "no_new_privs": "nothing the snippet executes gains privileges (setuid bits and file capabilities are ignored)",
+    "ipc": "System V IPC objects the run creates (shared memory, semaphores, queues) are gone when it ends",
 }
-_BASE: Final = frozenset({"resource_limits", "wall_clock", "output_cap", "private_tmp"})
-_AS_ROOT: Final = frozenset({"unprivileged", "process_limit", "escaped_processes"})
+_BASE: Final = frozenset({"resource_limits", "wall_clock", "output_cap", "private_tmp", "no_new_privs"})
+_AS_ROOT: Final = frozenset({"unprivileged", "process_limit", "escaped_processes", "ipc"})
 _BY_MODE: Final[dict[IsolationMode, frozenset[str]]] = {
-    "bwrap": frozenset({"network", "filesystem", "escaped_processes"}),
-    "unshare": frozenset({"network"}),
+    "bwrap": frozenset({"network", "filesystem", "escaped_processes", "ipc"}),
+    "unshare": frozenset({"network", "ipc"}),
     "rlimits": frozenset(),
 }
+# How to make bwrap work, for the fallback warning.
+_BWRAP_HELP: Final = (
+    "To get bwrap: install bubblewrap (e.g. `apt-get install bubblewrap`) and let it create namespaces: as root "
+    "that needs CAP_SYS_ADMIN, otherwise unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+    "user.max_user_namespaces > 0); in a Docker container, e.g. `--security-opt seccomp=unconfined --security-opt "
+    "apparmor=unconfined` or `--cap-add SYS_ADMIN`. Set SKYRL_SANDBOX_ISOLATION to choose a mode explicitly (and "
+    "silence this warning)."
+)
 
 # Directories any uid may write to. Outside bwrap a run can leave files there; they are removed after the run
 # (top-level entries owned by the run's uid).
@@ -137,12 +159,41 @@ def check_mode(mode: IsolationMode) -> IsolationMode:
     return mode
 
 
+def mode_requested() -> bool:
+    """Whether ``$SKYRL_SANDBOX_ISOLATION`` names the mode, rather than auto-detection choosing it."""
+    return bool(os.environ.get(ENV_VAR, "").strip())
+
+
 def detect_isolation_mode() -> IsolationMode:
-    """The strongest mode that works on this machine (probed once per process, a few milliseconds)."""
+    """The strongest mode that works on this machine (probed once per process, a few milliseconds).
+
+    A mode weaker than bwrap is logged as a warning, once per process: why bwrap cannot run, what is lost.
+    """
     for mode in MODES:
         if _mode_problem(mode) is None:
+            if mode != "bwrap":
+                _warn_fallback(mode)
             return mode
     raise AssertionError("the rlimits mode is always available")  # pragma: no cover
+
+
+_fallback_warned: set[IsolationMode] = set()
+
+
+def _warn_fallback(mode: IsolationMode) -> None:
+    with _detect_lock:
+        if mode in _fallback_warned:
+            return
+        _fallback_warned.add(mode)
+    lost = sorted(isolation_guarantees("bwrap") - isolation_guarantees(mode))
+    logger.warning(
+        "the code sandbox cannot use bwrap here (%s) and falls back to isolation mode %r, which loses: %s; and runs "
+        "see the host's processes and files. %s",
+        _mode_problem("bwrap"),
+        mode,
+        "; ".join(f"{name} ({GUARANTEES[name]})" for name in lost) or "nothing of what bwrap guarantees",
+        _BWRAP_HELP,
+    )
 
 
 def _mode_problem(mode: IsolationMode) -> str | None:

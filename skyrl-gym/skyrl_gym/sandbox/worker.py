@@ -35,7 +35,18 @@ from skyrl_gym.sandbox.isolation import (
     unshare_command,
 )
 
-__all__ = ["Event", "Run", "Worker", "WorkerConfig", "bootstrap_source", "has_exited", "make_private_dir"]
+__all__ = [
+    "Event",
+    "Run",
+    "Worker",
+    "WorkerConfig",
+    "bootstrap_source",
+    "has_exited",
+    "kill_every_process_of",
+    "make_private_dir",
+    "remove_files_of",
+    "remove_ipc_of",
+]
 
 # What a lifecycle descriptor reported (see Run.on_signal).
 Event = Literal["ready", "started", "exited", "lost"]
@@ -71,18 +82,33 @@ class WorkerConfig:
         """Whether each run gets its own uid (only a root caller can arrange that)."""
         return running_as_root()
 
+    @property
+    def no_new_privs(self) -> bool:
+        """Whether the bootstrap sets no_new_privs itself (bwrap has set it already)."""
+        return self.mode != "bwrap"
+
+    @property
+    def private_ipc(self) -> bool:
+        """Whether runs lack an IPC namespace from their mode (rlimits, as root).
+
+        They then get one each where the kernel allows it; otherwise the System V objects their uid created are
+        removed from the host's namespace after them.
+        """
+        return self.mode == "rlimits" and self.private_uid
+
 
 def bootstrap_source(
+    config: WorkerConfig,
     *,
     uid: int,
-    preload: tuple[str, ...],
     job_fd: int,
     status_fd: int,
-    depth: int,
     server: tuple[int, bool, tuple[str, ...], bool] | None = None,
 ) -> str:
     """The ``-c`` text of one sandboxed interpreter: the bootstrap plus the call that starts it."""
-    call = f"_serve(_pristine, {uid}, {uid}, {preload!r}, {job_fd}, {status_fd}, {depth}, {server!r})\n"
+    args = (uid, uid, config.preload, job_fd, status_fd, config.interpreter.recursion_depth, server)
+    hardening = (config.no_new_privs, config.private_ipc)
+    call = f"_serve(_pristine, {', '.join(map(repr, args + hardening))})\n"
     return bootstrap_text() + "\n" + call
 
 
@@ -199,13 +225,7 @@ class Worker(Run):
         self.stdout_r, stdout_w = self._pipe()
         self.stderr_r, stderr_w = self._pipe()
         child_ends = (job_r, status_w, stdin_r, stdout_w, stderr_w)
-        source = bootstrap_source(
-            uid=self.uid,
-            preload=config.preload,
-            job_fd=job_r,
-            status_fd=status_w,
-            depth=config.interpreter.recursion_depth,
-        )
+        source = bootstrap_source(config, uid=self.uid, job_fd=job_r, status_fd=status_w)
         argv = [config.interpreter.path, "-c", source]
         if config.mode == "bwrap":
             home = "/tmp"
@@ -277,7 +297,9 @@ class Worker(Run):
 
         The process group goes first (bwrap/unshare and the interpreter share it; in bwrap mode the PID
         namespace dies with bwrap's init). Outside bwrap, with a private uid, a ``kill(-1, SIGKILL)`` as that uid
-        then reaches daemons that called setsid() and left the group.
+        then reaches daemons that called setsid() and left the group. In rlimits mode the System V objects the
+        run created go too, before the result is returned (unless it had an IPC namespace of its own, which dies
+        with its processes).
         """
         if self.returncode is None:
             # Not yet reaped, so the pid (= process group id) cannot have been reused.
@@ -285,6 +307,8 @@ class Worker(Run):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         if self.uid >= 0 and self.config.mode != "bwrap":
             kill_every_process_of(self.uid, besides=self.proc.pid)
+        if self.uid >= 0 and self.config.private_ipc:
+            remove_ipc_of(self.uid)
 
     def reap(self) -> int:
         """Wait for the started process to exit (after :meth:`stop`, promptly); close all pipes."""
@@ -311,6 +335,8 @@ class Worker(Run):
                 # Once more before the uid can be handed out again, in case a fork raced the sweep in stop().
                 kill_every_process_of(self.uid, besides=self.proc.pid if hasattr(self, "proc") else -1)
                 remove_files_of(self.uid)
+            if self.config.private_ipc:
+                remove_ipc_of(self.uid)
             uid_pool().release(self.uid)
             self.uid = -1
 
@@ -368,6 +394,30 @@ def _has_processes(uid: int, *, besides: int) -> bool:
                     if entry.stat(follow_symlinks=False).st_uid == uid:
                         return True
     return False
+
+
+def remove_ipc_of(uid: int) -> None:
+    """Remove the System V IPC objects of this process's IPC namespace that ``uid`` created (their ``cuid``).
+
+    The creator uid is the one thing about an object its owner cannot change. The removal runs as ``uid``
+    (``ipcrm``): root may remove other users' objects only with CAP_SYS_ADMIN, which a root caller that gets
+    rlimits mode usually lacks. A shared memory segment still attached (by a process not yet dead) is destroyed
+    when it is detached.
+    """
+    options = []
+    for kind, option in (("shm", "-m"), ("sem", "-s"), ("msg", "-q")):
+        try:
+            with open(f"/proc/sysvipc/{kind}", "rb") as table:
+                header, *rows = (line.split() for line in table)
+            cuid = header.index(b"cuid")
+        except (OSError, ValueError):  # a kernel without System V IPC, or a table we cannot read
+            continue
+        options += [arg for row in rows if int(row[cuid]) == uid for arg in (option, row[1].decode())]
+    if not options:
+        return  # the common case, decided with three reads
+    ipcrm = shutil.which("ipcrm") or "/usr/bin/ipcrm"
+    with contextlib.suppress(OSError):
+        subprocess.run([ipcrm, *options], user=uid, group=uid, extra_groups=[], capture_output=True, check=False)
 
 
 def remove_files_of(uid: int) -> None:

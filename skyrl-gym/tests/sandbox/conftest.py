@@ -67,6 +67,20 @@ def sandbox_processes() -> list[int]:
     return found
 
 
+def sandbox_ipc_objects() -> list[str]:
+    """System V IPC objects in the host's namespace created by one of this test process's sandbox uids."""
+    uids = uid_pool().uids
+    found = []
+    for kind in ("shm", "sem", "msg"):
+        with open(f"/proc/sysvipc/{kind}") as table:
+            header, *rows = (line.split() for line in table)
+        for row in rows:
+            fields = dict(zip(header, row, strict=False))
+            if int(fields["cuid"]) in uids:
+                found.append(f"{kind} {row[1]} (key {fields['key']})")
+    return found
+
+
 def sandbox_tmpdirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "skyrl-sandbox-*")))
 
@@ -84,6 +98,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = LEFTOVER_WAIT_S
 def assert_nothing_left(tmpdirs_before: set[str]) -> None:
     assert wait_until(lambda: not sandbox_processes()), f"sandbox processes left: {sandbox_processes()}"
     assert wait_until(lambda: not (sandbox_tmpdirs() - tmpdirs_before)), "sandbox temporary directories left"
+    assert not sandbox_ipc_objects(), f"System V IPC objects left: {sandbox_ipc_objects()}"
 
 
 def assert_healthy(executor: CodeExecutor) -> None:
@@ -128,6 +143,7 @@ class HostChecks:
     assert_healthy = staticmethod(assert_healthy)
     wait_until = staticmethod(wait_until)
     sandbox_processes = staticmethod(sandbox_processes)
+    sandbox_ipc_objects = staticmethod(sandbox_ipc_objects)
     processes_with_argument = staticmethod(processes_with_argument)
 
 

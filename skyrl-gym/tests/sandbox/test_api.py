@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from skyrl_gym.sandbox import (
     SandboxUnavailableError,
     format_python_tool_output,
     get_default_executor,
+    isolation,
     isolation_guarantees,
     isolation_mode,
 )
@@ -115,6 +117,47 @@ def test_environment_variable_selects_the_mode(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SKYRL_SANDBOX_ISOLATION", "chroot")
     with pytest.raises(SandboxUnavailableError, match="chroot"):
         isolation_mode()
+
+
+@pytest.fixture
+def without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine as one where bwrap and unshare cannot run (a root caller in an unprivileged container)."""
+    problems = {"bwrap": "`bwrap` is not installed", "unshare": "probe exited with 1: Operation not permitted"}
+    monkeypatch.setattr(isolation, "_mode_problem", problems.get)
+    monkeypatch.setattr(isolation, "_fallback_warned", set(), raising=False)  # as in a fresh process
+    monkeypatch.delenv("SKYRL_SANDBOX_ISOLATION", raising=False)
+
+
+@pytest.mark.usefixtures("without_bwrap")
+def test_falling_back_from_bwrap_warns_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    with caplog.at_level(logging.WARNING, logger="skyrl_gym.sandbox"):
+        assert isolation_mode() == isolation_mode() == "rlimits"
+        with CodeExecutor(pool_size=0) as executor:
+            assert executor.isolation == "rlimits"
+    warnings = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [record.getMessage() for record in warnings]
+    message = warnings[0].getMessage()
+    assert "`bwrap` is not installed" in message  # why
+    for lost in ("network", "filesystem"):  # what is lost
+        assert GUARANTEES[lost] in message
+    assert "bubblewrap" in message  # how to get bwrap
+    assert "SKYRL_SANDBOX_ISOLATION" in message  # or how to choose this mode and silence it
+    caplog.clear()
+    monkeypatch.setenv("SKYRL_SANDBOX_ISOLATION", "rlimits")  # asked for: not a fallback, nothing to warn about
+    isolation._fallback_warned.clear()
+    with caplog.at_level(logging.WARNING, logger="skyrl_gym.sandbox"):
+        assert isolation_mode() == "rlimits"
+    assert not caplog.records
+
+
+@pytest.mark.usefixtures("without_bwrap")
+def test_metrics_report_the_mode_and_a_fallback() -> None:
+    with CodeExecutor(pool_size=0) as fallen_back, CodeExecutor(pool_size=0, isolation="rlimits") as chosen:
+        assert fallen_back.metrics() == {"sandbox_mode": "rlimits", "sandbox_fallback": True}
+        assert chosen.metrics() == {"sandbox_mode": "rlimits", "sandbox_fallback": False}
+        assert fallen_back.run("print(1)").isolation == "rlimits"
+    with CodeExecutor(pool_size=0) as default:
+        assert default.metrics()["sandbox_mode"] == default.isolation
 
 
 def test_errors_are_library_errors() -> None:

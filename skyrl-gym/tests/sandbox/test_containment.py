@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import ast
 import errno
+import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,3 +284,91 @@ def test_limits_are_per_run(mode_executor: CodeExecutor) -> None:
     big_file = mode_executor.run("open('big', 'wb').write(b'x' * 2 * 1024**2)", limits=small)
     assert big_file.exit_code != 0  # SIGXFSZ or an OSError, depending on the interpreter's signal setup
     assert mode_executor.run("x = bytearray(200 * 1024**2)").exit_code == 0
+
+
+def test_no_new_privileges(mode_executor: CodeExecutor) -> None:
+    # no_new_privs also holds for what the snippet execs: setuid bits and file capabilities are ignored there.
+    code = (
+        "import subprocess\n"
+        "status = subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout\n"
+        "print([line.split()[1] for line in status.splitlines() if line.startswith('NoNewPrivs:')])\n"
+    )
+    assert mode_executor.run(code).stdout == "['1']\n"
+    assert "no_new_privs" in guarantees(mode_executor)
+
+
+# ctypes on libc: what a snippet needs for System V shared memory. shmat's failure value is (void *) -1.
+SHM = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+SHM_FAILED = (1 << 64) - 1
+
+
+def shm_snippets(key: int) -> tuple[str, str]:
+    """A snippet that creates, attaches and fills a segment (printing its id); one that looks for it by key and id."""
+    create = SHM + (
+        f"shmid = libc.shmget({key}, 4096, 0o1666)\n"  # IPC_CREAT | 0666: anyone may attach
+        "addr = libc.shmat(shmid, None, 0)\n"
+        "ctypes.memmove(addr, b'secret', 6)\n"
+        "print(shmid, flush=True)\n"
+    )
+    look = SHM + (
+        f"print(libc.shmget({key}, 0, 0) >= 0)\n"
+        "addr = libc.shmat(int(input()), None, 0)\n"
+        f"print(ctypes.string_at(addr, 6) if addr not in (None, {SHM_FAILED}) else None)\n"
+    )
+    return create, look
+
+
+def test_sysv_shared_memory_does_not_outlive_the_run(mode_executor: CodeExecutor, host: Any) -> None:
+    key = 0x5E000000 + uuid.uuid4().int % (1 << 24)
+    create, look = shm_snippets(key)
+    made = mode_executor.run(create)
+    assert made.exit_code == 0, made.stderr
+    found = mode_executor.run(look, stdin=made.stdout)
+    if "ipc" in guarantees(mode_executor):
+        # The next run finds it neither by key nor by id, and nothing of it is left on the host.
+        assert found.stdout == "False\nNone\n"
+        assert not host.sandbox_ipc_objects()
+    else:  # documented: a non-root caller in rlimits mode shares its IPC namespace (and uid) with its runs
+        assert found.stdout == "True\nb'secret'\n"
+        mode_executor.run(SHM + f"libc.shmctl(libc.shmget({key}, 0, 0), 0, None)")  # IPC_RMID
+    host.assert_healthy(mode_executor)
+
+
+# Runs the shared-memory attack in rlimits mode as root without CAP_SYS_ADMIN (a root caller in an unprivileged
+# container): no IPC namespace can be made there, so the run's segments live in the host's namespace.
+_NO_CAP_SYS_ADMIN_SCRIPT = """
+import json, os, sys
+from skyrl_gym.sandbox import CodeExecutor
+create, look = json.loads(sys.argv[1])
+report = {"ipc_namespace": os.readlink("/proc/self/ns/ipc")}
+for fork_server in (True, False):
+    with CodeExecutor(pool_size=1, isolation="rlimits", fork_server=fork_server) as executor:
+        namespace = executor.run("import os\\nprint(os.readlink('/proc/self/ns/ipc'))").stdout.strip()
+        made = executor.run(create)
+        found = executor.run(look, stdin=made.stdout)
+        # A run killed at its timeout: its segment must go as well (a fork server is killed with it).
+        killed = executor.run(create + "import time\\ntime.sleep(30)", limits=executor.limits.replace(timeout_s=1.0))
+        found_after_kill = executor.run(look, stdin=killed.stdout)
+        report[str(fork_server)] = [namespace, made.exit_code, found.stdout, killed.timed_out, found_after_kill.stdout]
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv(1)")
+def test_sysv_shared_memory_is_removed_where_no_ipc_namespace_can_be_made() -> None:
+    key = 0x5F000000 + uuid.uuid4().int % (1 << 24)
+    command = ["setpriv", "--bounding-set", "-sys_admin", sys.executable, "-c", _NO_CAP_SYS_ADMIN_SCRIPT]
+    done = subprocess.run(
+        [*command, json.dumps(shm_snippets(key))], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    host_namespace = report.pop("ipc_namespace")
+    for namespace, made, found, timed_out, found_after_kill in report.values():
+        assert namespace == host_namespace  # the run shares the caller's IPC namespace
+        assert made == 0
+        assert found == "False\nNone\n"
+        assert timed_out
+        assert found_after_kill == "False\nNone\n"
+    with open("/proc/sysvipc/shm") as table:
+        assert f"{key:>10}" not in table.read()  # the segment was removed, not just hidden

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from skyrl_gym.sandbox import CodeExecutor
+from skyrl_gym.sandbox import CodeExecutor, isolation_guarantees
 from skyrl_gym.sandbox.errors import SandboxUnavailableError
 from skyrl_gym.sandbox.forkserver import ForkServer, fork_server_supported
 from skyrl_gym.sandbox.isolation import check_mode
@@ -157,16 +158,61 @@ def forge_report(payload: bytes, then: str) -> str:
     )
 
 
-def test_a_false_exit_report_ends_only_its_own_run(one_server: CodeExecutor, host: Any) -> None:
+def test_a_forged_exit_report_does_not_stop_the_clock(one_server: CodeExecutor, host: Any) -> None:
     server = idle_server(one_server, host)
     tag = f"{uuid.uuid4().int % 10**6}.123"
     code = forge_report(b"E 0\n", f"os.execvp('sleep', ['sleep', '{tag}'])\n")
     result = one_server.run(code, limits=one_server.limits.replace(timeout_s=1.0))
-    # The run ends at the false report, with what it printed before: as if it had exited with status 0 there.
-    assert (result.stdout, result.exit_code, result.timed_out) == ("before\n", 0, False)
-    # The server kills it once its timeout has passed, restores its sandbox and serves on.
+    # Only the child's real end counts: the run goes on after its false report and is killed at its timeout.
+    assert (result.stdout, result.exit_code, result.timed_out) == ("before\n", -9, True)
     assert host.wait_until(lambda: not host.processes_with_argument(tag))
-    assert one_server.run("print(6 * 7)").stdout == "42\n"
+    assert idle_server(one_server, host) is not server  # killed with the run, as after any timeout
+    host.assert_healthy(one_server)
+
+
+@pytest.mark.parametrize("streams", ["kept", "closed"])
+def test_a_forged_exit_report_does_not_end_the_run(
+    one_server: CodeExecutor, host: Any, open_dir: str, streams: str
+) -> None:
+    server = idle_server(one_server, host)
+    marker = Path(open_dir) / "written-after-the-forged-report"
+    visible = "filesystem" not in isolation_guarantees(one_server.isolation)  # the host sees what it writes
+    code = (
+        "import os, time\n"
+        "print(os.getuid(), flush=True)\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n"
+        "        os.write(fd, b'E 0\\n')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        + ("for fd in (0, 1, 2):\n    os.close(fd)\n" if streams == "closed" else "")
+        + "time.sleep(0.5)\n"
+        + (f"open({str(marker)!r}, 'w').write('late')\n" if visible else "")
+        + ("print('after')\n" if streams == "kept" else "")
+        + "raise SystemExit(3)\n"
+    )
+    result = one_server.run(code, limits=one_server.limits.replace(timeout_s=5.0))
+    # The host calls the run over only when it really is: with its real exit status, after all it did.
+    assert (result.exit_code, result.timed_out) == (3, False)
+    assert result.duration_s >= 0.5
+    uid = result.stdout.split()[0]
+    assert result.stdout == f"{uid}\n" + ("after\n" if streams == "kept" else "")
+    if visible:
+        assert marker.read_text() == "late"
+    # The next run in the same server starts only once nothing of the first one is alive.
+    look = (
+        "import os\n"
+        "alive = []\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        f"        if os.stat('/proc/' + pid).st_uid == {uid} and "
+        "open(f'/proc/{pid}/stat').read().rpartition(')')[2].split()[0] != 'Z':\n"
+        "            alive.append(pid)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(alive)\n"
+    )
+    assert one_server.run(look).stdout == "[]\n"
     assert idle_server(one_server, host) is server
     host.assert_healthy(one_server)
 
