@@ -215,7 +215,10 @@ class PlainDockerPy:
         from skyrl_agent.sandbox import docker_backend
 
         self.client = docker_backend.connect()
-        self.labels = docker_backend.managed_labels(run_id, "plain-docker-py", {})
+        # A lease keeps these containers from being taken for leaked by another process's reaper meanwhile.
+        self.lease = docker_backend.Lease(run_id, ttl_s=60.0)
+        self.lease.acquire(self.client)
+        self.labels = docker_backend.managed_labels(run_id, "plain-docker-py", {}, owner=self.lease.owner)
         self.counts = counts
         self._images: list[str] = []
 
@@ -236,6 +239,7 @@ class PlainDockerPy:
                 pass  # already gone; anything else is left for the final sweep by label
             except docker.errors.APIError as exc:
                 print(f"warning: could not remove {image_id[:19]} ({exc}); the final sweep retries", flush=True)
+        self.lease.release()
         self.client.close()
 
     def _run(self, image: str) -> Any:

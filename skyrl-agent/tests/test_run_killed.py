@@ -1,8 +1,9 @@
 """A ``skyrl-agent run`` SIGKILLed mid-episode leaks its containers; ``skyrl-agent reap`` or the next run removes them.
 
 SIGKILL runs no exit handler, so the run's own reaper cannot help: the containers stay until a later process sees
-that their ``skyrl.owner`` is dead. The episodes are held mid-run by a model server that accepts connections and
-never answers, so the containers are certainly up when the run is killed.
+that the lease of their ``skyrl.owner`` has expired (the runs here hold leases of ``LEASE_TTL_S``). The episodes
+are held mid-run by a model server that accepts connections and never answers, so the containers are certainly up
+when the run is killed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from skyrl_agent.sandbox.docker_backend import containers_of_run
 from skyrl_agent.tasks import load_suite, save_tasks
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+LEASE_TTL_S = 2.0
 
 
 @pytest.fixture
@@ -40,7 +42,8 @@ def _start_run(tmp_path: Path, run_id: str, model: str, n_tasks: int) -> subproc
     save_tasks(load_suite()[:n_tasks], tasks)
     argv = [sys.executable, "-m", "skyrl_agent", "run", "--tasks", str(tasks), "--model", model, "--backend", "docker",
             "--concurrency", str(n_tasks), "--run-id", run_id, "--out", str(tmp_path / run_id)]  # fmt: skip
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    env = {**os.environ, "SKYRL_LEASE_TTL_S": str(LEASE_TTL_S)}
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
 def _wait_for_containers(proc: subprocess.Popen[bytes], run_id: str, n: int, timeout_s: float = 120.0) -> None:
@@ -62,6 +65,7 @@ def test_sigkilled_run_is_cleaned_up(tmp_path: Path, silent_model_server: str, c
         proc.wait()
     try:
         assert len(containers_of_run(run_id)) == 2  # nothing cleaned up after a SIGKILL
+        time.sleep(LEASE_TTL_S + 1.0)  # the killed run's lease expires
         if cleanup == "reap":
             assert main(["reap", "--run", run_id]) == 0  # no --all: the killed owner must be seen as dead
         else:

@@ -14,6 +14,7 @@ from typing import Any
 
 from skyrl_agent.agents.actions import Action, FormatError, SubmitAction, parse_action
 from skyrl_agent.dispatch.context import RunContext
+from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.llm.base import Completion, LLMClient, Message, SamplingParams, count_message_tokens
 from skyrl_gym.async_env import ainit, astep
 
@@ -32,6 +33,12 @@ class Submitted(Finished):
     """The model submitted."""
 
     reason = "submitted"
+
+
+class SandboxBroken(Finished):
+    """The env ended the episode because the agent's action destroyed its sandbox (the agent's failure)."""
+
+    reason = Outcome.AGENT_BROKE_SANDBOX.value
 
 
 class TurnLimitReached(Finished):
@@ -143,6 +150,8 @@ class ReActAgent:
         trajectory.reward += turn.reward
         if out["done"]:
             trajectory.metadata = dict(out.get("metadata") or {})
+            if trajectory.metadata.get("finish_reason") == SandboxBroken.reason:
+                raise SandboxBroken
             raise Submitted if isinstance(turn.action, SubmitAction) else Finished
 
     async def query(self, trajectory: Trajectory, ctx: RunContext) -> Completion:

@@ -5,7 +5,9 @@ and returns the instructions: a system message with the tool format and a user m
 runs one tool call through :class:`~skyrl_agent.agents.tool_env.SandboxToolEnv` (bash, the file editor, submit);
 a malformed reply gets a corrective observation. ``submit``, or reaching ``max_turns``, grades the workspace diff
 in a fresh sandbox (:func:`~skyrl_agent.tasks.grade`): reward ``1.0`` when resolved, else ``0.0``, with the
-verdict in ``metadata``. ``close`` releases the sandbox and is idempotent.
+verdict in ``metadata``. An action that destroyed the sandbox ends the episode ungraded with reward ``0.0`` and
+``metadata["finish_reason"] == "agent_broke_sandbox"`` (the agent's failure; see
+:class:`~skyrl_agent.agents.tool_env.SandboxToolEnv`). ``close`` releases the sandbox and is idempotent.
 
 Constructor arguments (skyrl-gym style ``env_config`` and ``extras``; an ``extras`` key wins over ``env_config``):
 
@@ -28,7 +30,7 @@ import asyncio
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from skyrl_agent.agents.tool_env import SandboxToolEnv
+from skyrl_agent.agents.tool_env import SANDBOX_BROKEN, SandboxToolEnv
 from skyrl_agent.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from skyrl_agent.tasks.format import SWETask, task_from_dict
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType, EpisodeSample
@@ -149,6 +151,12 @@ class SWEEnv(BaseTextEnv):
             raise RuntimeError("the episode is over; make a new SWEEnv")
         self.turns += 1
         out = await self._tools.astep(action)
+        if out["done"] and out["metadata"].get("finish_reason") == SANDBOX_BROKEN:
+            # Nothing is left to grade: the episode ends with the reward of a failure.
+            self.result = {**out["metadata"], "submission": "", "resolved": False, "task_id": self.task.id}
+            return BaseTextEnvStepOutput(
+                observations=out["observations"], reward=0.0, done=True, metadata=dict(self.result)
+            )
         if out["done"]:
             return await self._finish(str(out["metadata"].get("submission", "")), "submitted")
         if self.turns >= self.max_turns:

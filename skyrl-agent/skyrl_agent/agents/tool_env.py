@@ -3,6 +3,13 @@
 It parses replies with :func:`~skyrl_agent.agents.actions.parse_action` and is async-native (``ainit``/``astep``,
 which :mod:`skyrl_gym.async_env` awaits). It borrows the sandbox: the caller owns and releases it. ``submit``
 ends the episode with the repository diff as ``metadata["submission"]``.
+
+An action that destroys the sandbox (the sandbox reports
+:class:`~skyrl_agent.sandbox.shell.CommandBrokeSandboxError` while running it: the sandbox ended from the inside,
+or the action wrote into the runner's channel) ends the episode too: reward 0, ``metadata["finish_reason"]``
+``"agent_broke_sandbox"``. It is the agent's failure, trained on, not the infrastructure's; every other
+:class:`~skyrl_agent.sandbox.base.SandboxError` propagates as one. An editor call that the file system refuses
+(a directory, a file over the size limit, no permission) is an error message the agent sees.
 """
 
 from __future__ import annotations
@@ -10,10 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from skyrl_agent.agents.actions import BashAction, EditorAction, FormatError, SubmitAction, parse_action
+from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.sandbox.base import Sandbox
+from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-__all__ = ["SandboxToolEnv"]
+__all__ = ["SANDBOX_BROKEN", "SandboxToolEnv"]
+
+SANDBOX_BROKEN = Outcome.AGENT_BROKE_SANDBOX.value  # the finish reason of an episode whose action broke the sandbox
 
 
 class SandboxToolEnv(BaseTextEnv):
@@ -62,9 +73,12 @@ class SandboxToolEnv(BaseTextEnv):
         if isinstance(parsed, SubmitAction):
             patch = await self.diff()
             return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata={"submission": patch})
-        if isinstance(parsed, BashAction):
-            return self._out(await self._bash(parsed.command))
-        return self._out(await self._edit(parsed))
+        try:
+            if isinstance(parsed, BashAction):
+                return self._out(await self._bash(parsed.command))
+            return self._out(await self._edit(parsed))
+        except CommandBrokeSandboxError as exc:
+            return self._broken(exc)
 
     async def diff(self) -> str:
         """The repository's changes against the base commit, new files included, whole (see :mod:`.workspace`).
@@ -78,6 +92,15 @@ class SandboxToolEnv(BaseTextEnv):
             return await submission_diff(self.sandbox, self.workdir, self.base_commit)
         except (WorkspaceError, OSError):
             return ""
+
+    @staticmethod
+    def _broken(error: CommandBrokeSandboxError) -> BaseTextEnvStepOutput:
+        """The episode's end when the action destroyed the sandbox: reward 0, the agent told why."""
+        text = f"The sandbox is gone: your action destroyed it ({error}). The episode is over."
+        metadata = {"finish_reason": SANDBOX_BROKEN, "error": str(error)}
+        return BaseTextEnvStepOutput(
+            observations=[{"role": "user", "content": text}], reward=0.0, done=True, metadata=metadata
+        )
 
     def _out(self, text: str) -> BaseTextEnvStepOutput:
         if len(text) > self.max_output_chars:
@@ -98,6 +121,8 @@ class SandboxToolEnv(BaseTextEnv):
             message: str = await handler(call)
         except FileNotFoundError:
             return f"Error: {call.path} does not exist."
+        except OSError as exc:  # a directory, a file over the size limit, no permission, …
+            return f"Error: {call.path}: {exc.strerror or exc}."
         return message
 
     async def _read(self, path: str) -> str:

@@ -51,6 +51,10 @@ class PausableClock:
         current = 0.0 if self._paused_at is None else self._time() - self._paused_at
         return self._paused_total + current
 
+    def wall_s(self) -> float:
+        """The underlying monotonic seconds, pauses included (what traces and queue times are measured in)."""
+        return self._time()
+
     def active_s(self) -> float:
         """Seconds since an arbitrary origin, not counting time spent paused."""
         return self._time() - self.paused_total_s
@@ -106,16 +110,21 @@ class Deadline:
         return self.remaining_s() <= 0
 
 
-async def within(awaitable: Awaitable[T], *deadlines: Deadline) -> T:
+async def within(awaitable: Awaitable[T], *deadlines: Deadline, discard: Callable[[T], object] | None = None) -> T:
     """Await ``awaitable`` until the nearest of ``deadlines`` passes, then cancel it.
 
     Pauses do not count: while the clock is paused the remaining time stays put and the wait is renewed.
-    Cancelling an awaitable that runs in a thread does not stop the thread; the result is discarded.
+    Cancelling an awaitable that runs in a thread does not stop the thread.
+
+    Ownership: a result that is produced but never returned, because this call was cancelled in the same loop
+    turn as the awaitable finished, or because the awaitable finished despite being cancelled at a deadline,
+    is passed to ``discard`` (e.g. a function that closes a sandbox); without ``discard`` it is dropped.
 
     Raises:
         DeadlineExceeded: The nearest deadline passed first; its ``kind`` says which one.
     """
     task = asyncio.ensure_future(awaitable)
+    returned = False
     try:
         while True:
             nearest = min(deadlines, key=lambda d: d.remaining_s()) if deadlines else None
@@ -124,8 +133,29 @@ async def within(awaitable: Awaitable[T], *deadlines: Deadline) -> T:
                 raise DeadlineExceeded(nearest.kind, nearest.budget_s)
             done, _ = await asyncio.wait({task}, timeout=None if math.isinf(remaining) else remaining)
             if done:
-                return task.result()
+                result = task.result()
+                returned = True
+                return result
     finally:
+        if not returned:
+            await _abandon(task, discard)
+
+
+async def _abandon(task: asyncio.Future[T], discard: Callable[[T], object] | None) -> None:
+    """Cancel ``task``, wait for it, and hand a result it still produced to ``discard``."""
+
+    def hand_over(done: asyncio.Future[T]) -> None:
+        if done.cancelled() or done.exception() is not None:  # exception() also marks it retrieved
+            return
+        if discard is not None:
+            discard(done.result())
+
+    try:
         if not task.done():
             task.cancel()
             await asyncio.wait({task})
+    finally:
+        if task.done():
+            hand_over(task)
+        else:  # a second cancellation interrupted the wait: hand over whenever it ends
+            task.add_done_callback(hand_over)

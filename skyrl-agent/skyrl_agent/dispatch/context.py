@@ -19,10 +19,10 @@ __all__ = ["GuardedLLM", "RunContext", "Timeouts"]
 class Timeouts:
     """Deadlines in active seconds (pauses excluded); ``None`` disables one."""
 
-    episode_s: float | None = 3600.0  # sandbox start plus the agent run of one attempt
+    episode_s: float | None = 3600.0  # the agent run of one attempt, from when it gets its run slot
     llm_call_s: float | None = 600.0  # one LLM call
     tool_call_s: float | None = 300.0  # one env step (host backstop over the sandbox's own command timeout)
-    sandbox_start_s: float | None = 600.0  # one try of acquire()
+    sandbox_start_s: float | None = 600.0  # one try of acquire() (None: a start may take forever)
     grade_s: float | None = 1800.0  # grading one episode
 
 

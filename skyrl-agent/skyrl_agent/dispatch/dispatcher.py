@@ -6,7 +6,13 @@ input queue, and at most ``prefetch`` started sandboxes wait for a free agent sl
 
 Ownership: the dispatcher owns every sandbox that ``acquire`` returns until it hands it to ``release``, which
 it does exactly once per sandbox on every exit path (success, error, timeout, cancellation). ``run_agent`` and
-``grade`` borrow the sandbox and must not close it.
+``grade`` borrow the sandbox and must not close it. An ``acquire`` call that outlives its start deadline keeps
+running (a create cannot be taken back half-way) and keeps its acquire slot until it really ends; a sandbox it
+still returns is released, and :meth:`Dispatcher.run` returns only after that.
+
+Time: the episode deadline starts when the episode gets its run (agent) slot. Waiting for a slot (the input
+queue, the held, acquire, run and grade slots) is queue time, charged to no deadline and reported apart: as
+``queue_wait`` spans, as ``EpisodeResult.queue_s`` and in the ``queue_s/*`` metrics.
 """
 
 from __future__ import annotations
@@ -14,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -31,6 +36,7 @@ from skyrl_agent.dispatch.outcomes import (
     Treatment,
     classify_error,
     outcome_metrics,
+    ungraded_outcome,
 )
 from skyrl_agent.dispatch.retry import Backoff, CircuitBreaker, CircuitOpenError, retry_infra
 from skyrl_agent.dispatch.trace import Trace
@@ -117,7 +123,11 @@ class DispatcherConfig:
 
 @dataclass
 class EpisodeResult:
-    """How one episode ended. ``trace`` covers every attempt."""
+    """How one episode ended. ``trace`` covers every attempt.
+
+    ``queue_s`` is the wall seconds the episode spent waiting for slots over all its attempts (the sum of its
+    ``queue_wait`` spans); no deadline counts them.
+    """
 
     episode: Episode
     outcome: Outcome
@@ -129,6 +139,7 @@ class EpisodeResult:
     trace: Trace | None = None
     treatment: Treatment = Treatment.TRAIN
     exception: BaseException | None = field(default=None, repr=False)  # what ended a failed attempt
+    queue_s: float = 0.0
 
 
 @dataclass
@@ -142,19 +153,32 @@ class DispatchResult:
 class _Gauge:
     """Current and peak count of work in a stage."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.current = 0
         self.peak = 0
 
+    def enter(self) -> None:
+        self.current += 1
+        self.peak = max(self.peak, self.current)
+
+    def leave(self) -> None:
+        self.current -= 1
+
+    async def wait(self, sem: asyncio.Semaphore, trace: Trace, attempt: int) -> None:
+        """Take a slot of ``sem``; the wait is a ``queue_wait`` span."""
+        with trace.span("queue_wait", slot=self.name, attempt=attempt):
+            await sem.acquire()
+        self.enter()
+
     @asynccontextmanager
-    async def hold(self, sem: asyncio.Semaphore) -> Any:
-        async with sem:
-            self.current += 1
-            self.peak = max(self.peak, self.current)
-            try:
-                yield
-            finally:
-                self.current -= 1
+    async def hold(self, sem: asyncio.Semaphore, trace: Trace, attempt: int) -> AsyncIterator[None]:
+        await self.wait(sem, trace, attempt)
+        try:
+            yield
+        finally:
+            self.leave()
+            sem.release()
 
 
 class _StageFailed(Exception):
@@ -194,7 +218,7 @@ class Dispatcher:
         cfg = self.config
         self.breaker = CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self._rng = random.Random(cfg.seed)
-        self.gauges = {name: _Gauge() for name in ("acquire", "run", "grade", "held")}
+        self.gauges = {name: _Gauge(name) for name in ("acquire", "run", "grade", "held")}
         self.release_errors = 0
         self._stopping = False
         self._inflight: set[asyncio.Task[EpisodeResult]] = set()
@@ -221,7 +245,8 @@ class Dispatcher:
     async def run(self, episodes: Iterable[Episode]) -> DispatchResult:
         """Run every episode; return exactly one result per episode, in input order.
 
-        Cancelling this call cancels running episodes, releases their sandboxes, and re-raises.
+        Returns once every sandbox it acquired is released, including those of starts that outlived their
+        deadline. Cancelling this call cancels running episodes, releases their sandboxes, and re-raises.
         """
         self._stopping = False
         limits = self.config.limits
@@ -239,7 +264,7 @@ class Dispatcher:
         async def produce() -> int:
             n = 0
             for n, episode in enumerate(episodes, start=1):
-                await queue.put((n - 1, episode, time.monotonic()))
+                await queue.put((n - 1, episode, self.clock.wall_s()))
             for _ in range(n_workers):
                 await queue.put(None)
             return n
@@ -258,7 +283,7 @@ class Dispatcher:
             for task in [producer, *workers]:
                 task.cancel()
             await asyncio.gather(producer, *workers, return_exceptions=True)
-            if self._releasing:
+            while self._releasing:  # late starts may still add releases
                 await asyncio.gather(*self._releasing, return_exceptions=True)
         ordered = [results[i] for i in range(n)]
         self._apply_policy(ordered)
@@ -267,10 +292,18 @@ class Dispatcher:
     async def _supervise(
         self, episode: Episode, enqueued: float, sems: dict[str, asyncio.Semaphore], throttler: Throttler | None
     ) -> EpisodeResult:
-        trace = Trace(episode.id)
-        trace.add("queue_wait", -(time.monotonic() - enqueued), 0.0)
+        trace = Trace(episode.id, time_fn=self.clock.wall_s)
+        trace.add("queue_wait", -(self.clock.wall_s() - enqueued), 0.0, slot="input")
         if self._stopping:
-            return EpisodeResult(episode, Outcome.CANCELLED, error="stopped before start", trace=trace, attempts=0)
+            result = EpisodeResult(episode, Outcome.CANCELLED, error="stopped before start", trace=trace, attempts=0)
+        else:
+            result = await self._supervised(episode, trace, sems, throttler)
+        result.queue_s = sum(span.duration_s for span in trace.named("queue_wait"))
+        return result
+
+    async def _supervised(
+        self, episode: Episode, trace: Trace, sems: dict[str, asyncio.Semaphore], throttler: Throttler | None
+    ) -> EpisodeResult:
         task = asyncio.create_task(self._run_episode(episode, trace, sems, throttler))
         self._inflight.add(task)
         try:
@@ -305,22 +338,24 @@ class Dispatcher:
         throttler: Throttler | None,
     ) -> EpisodeResult:
         timeouts = self.config.timeouts
-        ctx = RunContext(clock=self.clock, timeouts=timeouts, trace=trace)
         sandbox: Sandbox | None = None
         stage = "acquire"
         try:
-            async with self.gauges["held"].hold(sems["held"]):
-                sandbox = await self._acquire(episode, ctx, sems["acquire"], throttler, attempt)
+            async with self.gauges["held"].hold(sems["held"], trace, attempt):
+                sandbox = await self._acquire(episode, trace, sems["acquire"], throttler, attempt)
                 stage = "agent"
-                async with self.gauges["run"].hold(sems["run"]):
+                async with self.gauges["run"].hold(sems["run"], trace, attempt):
+                    # The episode deadline starts now: queueing for this slot is not the episode's time.
+                    ctx = RunContext(clock=self.clock, timeouts=timeouts, trace=trace)
                     with trace.span("agent", attempt=attempt):
                         # The episode deadline also bounds run_agent functions that ignore the context.
                         run = self._run_fn(episode, sandbox, self._client(episode, ctx), ctx)
                         trajectory = await within(run, ctx._episode())
-            if trajectory.truncated:
-                return self._result(episode, Outcome.TRUNCATED, attempt, trace, trajectory=trajectory)
+            ungraded = ungraded_outcome(trajectory.finish_reason, trajectory.truncated)
+            if ungraded is not None:
+                return self._result(episode, ungraded, attempt, trace, trajectory=trajectory)
             stage = "grade"
-            async with self.gauges["grade"].hold(sems["grade"]):
+            async with self.gauges["grade"].hold(sems["grade"], trace, attempt):
                 with trace.span("grade", attempt=attempt):
                     grading = self._grade_fn(episode, sandbox, trajectory)
                     graded = await within(grading, Deadline(self.clock, timeouts.grade_s, "grade"))
@@ -336,48 +371,71 @@ class Dispatcher:
                 await self._release(sandbox, trace)
 
     async def _acquire(
-        self, episode: Episode, ctx: RunContext, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
+        self, episode: Episode, trace: Trace, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
     ) -> Sandbox:
+        """Start the episode's sandbox, retrying infrastructure failures. Each try has its own start deadline."""
+
         async def one_try() -> Sandbox:
-            async with self.gauges["acquire"].hold(sem):
-                self.breaker.check()  # again: the circuit may have opened while this try waited for a slot
-                if throttler is not None:
-                    async with throttler:
-                        pass
-                with ctx.trace.span("sandbox_start", attempt=attempt):
-                    start = Deadline(self.clock, self.config.timeouts.sandbox_start_s, "sandbox_start")
-                    try:
-                        return await within(self._acquire_guarded(episode), start)
-                    except TimeoutError as exc:
-                        # A start that hangs is an infrastructure failure: retry it on a fresh sandbox.
-                        raise SandboxStartError(f"sandbox start for {episode.id} timed out: {exc}") from exc
+            return await self._start_one(episode, trace, sem, throttler, attempt)
 
-        async def bounded() -> Sandbox:
-            return await retry_infra(one_try, self.config.backoff, self.breaker, self._rng)
+        return await retry_infra(one_try, self.config.backoff, self.breaker, self._rng)
 
-        return await within(bounded(), ctx._episode())
+    async def _start_one(
+        self, episode: Episode, trace: Trace, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
+    ) -> Sandbox:
+        """One ``acquire`` call under the start deadline; its slot is held until the call really ends."""
+        gauge = self.gauges["acquire"]
+        await gauge.wait(sem, trace, attempt)
 
-    async def _acquire_guarded(self, episode: Episode) -> Sandbox:
-        # If this coroutine is cancelled after acquire() returned (a deadline fired at that instant), the
-        # sandbox would have no owner; shield the call and release such an orphan.
-        task = asyncio.ensure_future(self._acquire_fn(episode))
+        def free_slot(_: object = None) -> None:
+            gauge.leave()
+            sem.release()
+
         try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(self._release_orphan)
+            self.breaker.check()  # again: the circuit may have opened while this try waited for a slot
+            if throttler is not None:
+                async with throttler:
+                    pass
+            create = asyncio.ensure_future(self._acquire_fn(episode))
+        except BaseException:
+            free_slot()
             raise
+        # Shielded below: a create cannot be taken back half-way. When this try gives up on it (deadline,
+        # cancellation) it runs on and keeps the slot, so creates in flight never exceed ``limits.acquire``.
+        create.add_done_callback(free_slot)
+        with trace.span("sandbox_start", attempt=attempt):
+            start = Deadline(self.clock, self.config.timeouts.sandbox_start_s, "sandbox_start")
+            try:
+                return await within(asyncio.shield(create), start)
+            except BaseException as exc:
+                self._release_late(create)
+                if isinstance(exc, TimeoutError):
+                    # A start that hangs is an infrastructure failure: retry it on a fresh sandbox.
+                    raise SandboxStartError(f"sandbox start for {episode.id} timed out: {exc}") from exc
+                raise
 
-    def _release_orphan(self, task: asyncio.Future[Sandbox]) -> None:
-        if not task.cancelled() and task.exception() is None:
-            self._releasing.add(asyncio.ensure_future(self._release_quietly(task.result())))
+    def _release_late(self, create: asyncio.Future[Sandbox]) -> None:
+        """Release the sandbox ``create`` produces (if any) once it ends; nobody else will own it."""
+        if create.done() and (create.cancelled() or create.exception() is not None):
+            return  # it failed: nothing to release
+
+        async def release_when_done() -> None:
+            await asyncio.wait({create})
+            if not create.cancelled() and create.exception() is None:
+                await self._release_quietly(create.result())
+
+        self._track_release(release_when_done())
+
+    def _track_release(self, release: Awaitable[None]) -> asyncio.Future[None]:
+        task = asyncio.ensure_future(release)
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
 
     async def _release(self, sandbox: Sandbox, trace: Trace) -> None:
         with trace.span("release", sandbox=sandbox.id):
-            task = asyncio.ensure_future(self._release_quietly(sandbox))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
             # Shielded: a second cancellation must not abandon the release half-way.
-            await asyncio.shield(task)
+            await asyncio.shield(self._track_release(self._release_quietly(sandbox)))
 
     async def _release_quietly(self, sandbox: Sandbox) -> None:
         try:
@@ -410,6 +468,9 @@ class Dispatcher:
         metrics["retries"] = float(sum(max(r.attempts - 1, 0) for r in results))
         metrics["breaker_trips"] = float(self.breaker.trips)
         metrics["release_errors"] = float(self.release_errors)
+        queue_s = [r.queue_s for r in results]
+        metrics["queue_s/mean"] = sum(queue_s) / len(queue_s) if queue_s else 0.0
+        metrics["queue_s/max"] = max(queue_s, default=0.0)
         for name, gauge in self.gauges.items():
             metrics[f"stage/{name}/peak"] = float(gauge.peak)
         return metrics

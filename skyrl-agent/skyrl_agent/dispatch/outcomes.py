@@ -3,6 +3,11 @@
 Every episode ends with exactly one :class:`Outcome`. A :class:`FailurePolicy` maps each outcome to a
 :class:`Treatment` (train on it, zero its reward, mask it from the loss, drop its whole group) and says which
 outcomes are retried. ``DEFAULT_POLICY`` is the table in docs/agent/dispatcher.md.
+
+An outcome says whose failure an episode is. The agent's own (``truncated``, ``agent_broke_sandbox``) are trained
+on with reward 0, so that a policy cannot escape a bad reward through them; the infrastructure's
+(``sandbox_error``, ``model_error``, …) are masked and some are retried. How a destroyed sandbox is told to be the
+agent's doing is the section "How outcomes are told apart" of that page.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "Treatment",
     "classify_error",
     "outcome_metrics",
+    "ungraded_outcome",
 ]
 
 
@@ -35,8 +41,9 @@ class Outcome(enum.StrEnum):
     RESOLVED = "resolved"  # graded and passed
     UNRESOLVED = "unresolved"  # graded and failed (including "submitted nothing")
     TRUNCATED = "truncated"  # the agent ran out of turns or context before submitting
+    AGENT_BROKE_SANDBOX = "agent_broke_sandbox"  # the agent's own action destroyed its sandbox (not graded)
     TIMED_OUT = "timed_out"  # the episode, an LLM call or a tool call passed its deadline
-    SANDBOX_ERROR = "sandbox_error"  # the sandbox could not start or died
+    SANDBOX_ERROR = "sandbox_error"  # the sandbox could not start, or died without the agent's doing
     MODEL_ERROR = "model_error"  # the LLM server failed (after the client's own retries)
     GRADING_ERROR = "grading_error"  # the grader raised or passed its deadline
     AGENT_ERROR = "agent_error"  # an unexpected exception in agent or env code (a bug)
@@ -60,6 +67,7 @@ _DEFAULT_TREATMENTS = {
     Outcome.RESOLVED: Treatment.TRAIN,
     Outcome.UNRESOLVED: Treatment.TRAIN,
     Outcome.TRUNCATED: Treatment.ZERO_REWARD,
+    Outcome.AGENT_BROKE_SANDBOX: Treatment.ZERO_REWARD,
     Outcome.TIMED_OUT: Treatment.MASK,
     Outcome.SANDBOX_ERROR: Treatment.MASK,
     Outcome.MODEL_ERROR: Treatment.MASK,
@@ -125,6 +133,17 @@ def classify_error(exc: BaseException, stage: str) -> Outcome:
     if stage == "acquire":
         return Outcome.SANDBOX_ERROR
     return Outcome.AGENT_ERROR
+
+
+def ungraded_outcome(finish_reason: str, truncated: bool) -> Outcome | None:
+    """The outcome an agent run settles without grading, from its trajectory; None: grade it.
+
+    ``agent_broke_sandbox`` when the run finished for that reason (the env ended the episode: the agent's action
+    destroyed its sandbox); ``truncated`` when it ran out of turns or context.
+    """
+    if finish_reason == Outcome.AGENT_BROKE_SANDBOX:
+        return Outcome.AGENT_BROKE_SANDBOX
+    return Outcome.TRUNCATED if truncated else None
 
 
 def outcome_metrics(outcomes: Iterable[Outcome], treatments: Iterable[Treatment] = ()) -> dict[str, float]:

@@ -3,7 +3,11 @@
 Only infrastructure errors (:func:`is_infra_error`: sandbox start, daemon and connection errors) are retried;
 the model's own mistakes never are. The circuit breaker stops a retry storm when the infrastructure is down:
 after ``threshold`` consecutive infrastructure failures every attempt fails fast with :class:`CircuitOpenError`
-for ``cooldown_s`` seconds, then one probe is let through.
+for ``cooldown_s`` seconds, then exactly one probe is let through::
+
+    closed ──threshold consecutive failures──► open ──cooldown_s──► half-open ──probe succeeds──► closed
+                                                ▲                       │
+                                                └────probe fails────────┘   (every other caller fails fast)
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
 from skyrl_agent.sandbox.base import SandboxClosedError, SandboxError, SandboxUnavailableError
 
@@ -49,6 +53,13 @@ class Backoff:
 class CircuitBreaker:
     """Counts consecutive infrastructure failures and opens after ``threshold`` of them.
 
+    Half-open (the cooldown is over, no verdict yet), exactly one caller passes :meth:`check`: the probe. The
+    probe is the asyncio task that was admitted, so its own further checks pass (the dispatcher checks before
+    and after waiting for a start slot). Its :meth:`record_success` closes the circuit and its
+    :meth:`record_failure` reopens it for another ``cooldown_s``. A probe that ends without a verdict (its task
+    finished, e.g. cancelled) or is still out after another ``cooldown_s`` is written off, and the next caller
+    becomes the probe.
+
     Args:
         threshold: Consecutive failures that open the circuit.
         cooldown_s: Seconds the circuit stays open before one probe is let through.
@@ -61,36 +72,67 @@ class CircuitBreaker:
         self._time = time_fn
         self.failures = 0
         self._opened_at: float | None = None
+        self._probe: tuple[asyncio.Task[Any] | None, float] | None = None  # (its task, when it was admitted)
         self.trips = 0  # how often it opened (a metric)
 
     @property
     def is_open(self) -> bool:
-        """True while attempts fail fast."""
+        """True during the cooldown, while every attempt fails fast."""
         return self._opened_at is not None and self._time() - self._opened_at < self.cooldown_s
 
+    @property
+    def state(self) -> Literal["closed", "open", "half_open"]:
+        """``closed`` (attempts pass), ``open`` (the cooldown runs) or ``half_open`` (one probe may pass)."""
+        if self._opened_at is None:
+            return "closed"
+        return "open" if self.is_open else "half_open"
+
     def check(self) -> None:
-        """Raise :class:`CircuitOpenError` while open; after the cooldown let one probe through."""
-        if self.is_open:
+        """Return if the caller may attempt; raise :class:`CircuitOpenError` if it must fail fast.
+
+        Closed: every caller passes. Open: none does. Half-open: the first caller becomes the probe and passes,
+        as do its own later checks; every other caller fails fast until the probe's verdict.
+        """
+        state = self.state
+        if state == "closed":
+            return
+        if state == "open":
             raise CircuitOpenError(
                 f"{self.failures} consecutive infrastructure failures; not retrying for {self.cooldown_s} s. "
                 "Check the sandbox backend (is the Docker daemon up?)."
             )
-        if self._opened_at is not None:
-            # Half-open: one more failure reopens the circuit at once.
-            self._opened_at = None
-            self.failures = self.threshold - 1
+        caller, now = _current_task(), self._time()
+        if self._probe is not None:
+            owner, since = self._probe
+            if owner is not None and owner is caller:
+                return
+            if (owner is None or not owner.done()) and now - since < self.cooldown_s:
+                raise CircuitOpenError(
+                    f"after {self.failures} consecutive infrastructure failures one probe is testing the sandbox "
+                    "backend; failing fast until it succeeds."
+                )
+        self._probe = (caller, now)
 
     def record_success(self) -> None:
         """An attempt succeeded: close the circuit."""
         self.failures = 0
         self._opened_at = None
+        self._probe = None
 
     def record_failure(self) -> None:
-        """An infrastructure failure happened."""
+        """An infrastructure failure happened; while a probe is out it reopens the circuit at once."""
         self.failures += 1
-        if self.failures >= self.threshold and self._opened_at is None:
+        if self._probe is not None or (self._opened_at is None and self.failures >= self.threshold):
             self._opened_at = self._time()
+            self._probe = None
             self.trips += 1
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
 
 
 def is_infra_error(exc: BaseException) -> bool:

@@ -30,8 +30,9 @@ class Span:
 class Trace:
     """The spans of one episode, in the order they started.
 
-    Span names used by the dispatcher and agents: ``queue_wait``, ``sandbox_start``, ``agent``, ``env_init``,
-    ``llm_call``, ``tool_call``, ``grade``, ``release``, ``retry_wait``.
+    Span names used by the dispatcher and agents: ``queue_wait`` (attribute ``slot``: ``input``, ``held``,
+    ``acquire``, ``run`` or ``grade``), ``sandbox_start``, ``agent``, ``env_init``, ``llm_call``, ``tool_call``,
+    ``grade``, ``release``, ``retry_wait``.
     """
 
     def __init__(self, episode_id: str, time_fn: Callable[[], float] = time.monotonic) -> None:

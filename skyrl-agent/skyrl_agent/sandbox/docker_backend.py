@@ -1,32 +1,40 @@
 """Docker sandboxes through the ``docker`` SDK; the only module (with the reaper's helpers here) that imports it.
 
 Each sandbox is a hardened container (no network unless asked, memory/CPU/pids limits, all capabilities
-dropped, no-new-privileges, tini as PID 1, a non-root user) whose main process holds a dead-man ``sleep`` and
-starts the first command runner (:mod:`.shell`) on the container's own streams, attached before the start
-(:mod:`.attach`); a runner started later (a respawn) is reached through a ``docker exec -i`` stream. Every
-container and committed image carries the labels ``skyrl.managed=1``, ``skyrl.run``, ``skyrl.episode`` and
-``skyrl.owner`` (see :mod:`.reaper`).
+dropped, no-new-privileges, tini as PID 1, a non-root user, a size-capped json-file log) whose main process
+holds a dead-man ``sleep`` and starts the first command runner (:mod:`.shell`) on the container's own streams,
+attached before the start (:mod:`.attach`); a runner started later (a respawn) is reached through a
+``docker exec -i`` stream. Every container and committed image carries the labels ``skyrl.managed=1``,
+``skyrl.run``, ``skyrl.episode`` and ``skyrl.owner``; the owner (the backend) holds a :class:`Lease` with the
+daemon while it lives (see :mod:`.reaper`).
 
 SDK calls block, so they run in threads; the client has explicit timeouts so an unreachable daemon fails fast
-with :class:`SandboxUnavailableError` instead of hanging.
+with :class:`SandboxUnavailableError` instead of hanging. A start whose caller is cancelled runs on in its
+thread, and what it started is removed (:class:`_Handoff`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import calendar
 import contextlib
 import logging
 import os
 import shutil
 import socket
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
 
 from skyrl_agent.sandbox import reaper
@@ -47,6 +55,8 @@ API_TIMEOUT_S = 120.0  # per SDK call once connected (starts take seconds under 
 DEAD_MAN_S = 6 * 3600  # a container whose owner vanished without cleanup exits on its own after this
 STATE_PATH = "/tmp/.skyrl-shell-state"
 REMOVE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)  # waits between force-removal attempts of a container or image
+LOG_MAX_SIZE = "16m"  # a container's json-file log: bytes per file (docker units), so a flood cannot fill the disk
+LOG_MAX_FILES = 2  # ...and files kept (the current one and one rotated)
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +82,131 @@ def connect(timeout_s: float = API_TIMEOUT_S, max_pool_size: int = 32) -> Any:
         ) from exc
 
 
-def managed_labels(run_id: str, episode: str, extra: dict[str, str]) -> dict[str, str]:
-    """The labels every managed container and image carries (``extra`` cannot override the managed ones)."""
-    return {**extra, "skyrl.managed": "1", "skyrl.run": run_id, "skyrl.episode": episode, "skyrl.owner": reaper.owner()}
+def managed_labels(run_id: str, episode: str, extra: dict[str, str], *, owner: str = "") -> dict[str, str]:
+    """The labels every managed container and image carries (``extra`` cannot override the managed ones).
+
+    ``owner`` is the id of the :class:`Lease` that keeps them; without one the reaper takes them for leaked.
+    """
+    managed = {"skyrl.managed": "1", "skyrl.run": run_id, "skyrl.episode": episode, reaper.OWNER_LABEL: owner}
+    return {**extra, **managed}
+
+
+class Lease:
+    """An owner's claim on its containers and images: a labelled volume it renews (see :mod:`.reaper`).
+
+    :meth:`acquire` creates the first volume and starts a daemon thread that renews the lease every ``ttl_s / 4``
+    (a successor volume first, then the predecessors go); :meth:`release` stops the thread and removes the
+    volumes. A renewal that fails is logged and tried again at the next tick; once renewals have failed for
+    ``ttl_s``, the reaper of any process may remove the owner's sandboxes. Leases still held when the interpreter
+    exits are released then.
+    """
+
+    def __init__(self, run_id: str, ttl_s: float) -> None:
+        self.owner = reaper.new_owner_id()
+        self.run_id = run_id
+        self.ttl_s = ttl_s
+        self._client: Any = None
+        self._volumes: list[str] = []  # newest first
+        self._renewals = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether the lease was acquired and not released."""
+        return self._thread is not None
+
+    def acquire(self, client: Any) -> None:
+        """Create the lease with ``client`` and start renewing it.
+
+        Raises:
+            SandboxUnavailableError: the daemon refused or did not answer.
+        """
+        self._client = client
+        try:
+            self.renew()
+        except (docker.errors.DockerException, *_UNREACHABLE) as exc:
+            raise SandboxUnavailableError(f"could not create the lease volume of {self.owner}: {exc}") from exc
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._keep, name=f"skyrl-lease-{self.owner}", daemon=True)
+        self._thread.start()
+        _hold(self)
+
+    def renew(self) -> None:
+        """Create a successor volume, then remove the older ones (those that fail stay and are retried)."""
+        with self._lock:
+            self._renewals += 1
+            name = f"skyrl-lease-{self.owner}-{self._renewals}"
+            labels = reaper.lease_labels(self.owner, self.run_id, self.ttl_s)
+            self._client.volumes.create(name=name, driver="local", labels=labels)
+            older, self._volumes = self._volumes, [name]
+            self._volumes += [volume for volume in older if not remove_volume(self._client, volume, retries=False)]
+
+    def release(self) -> None:
+        """Stop renewing and remove the lease volumes; idempotent (a volume that stays expires on its own)."""
+        thread, self._thread = self._thread, None
+        _HELD.discard(self)
+        self._stop.set()
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            self._volumes = [volume for volume in self._volumes if not remove_volume(self._client, volume)]
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                self.renew()
+            except (docker.errors.DockerException, *_UNREACHABLE) as exc:
+                log.warning("renewing the lease of %s failed (%s); retrying in %.3g s", self.owner, exc, self.ttl_s / 4)
+
+
+_HELD: weakref.WeakSet[Lease] = weakref.WeakSet()
+
+
+def _hold(lease: Lease) -> None:
+    if not _HELD:
+        atexit.unregister(_release_held)  # registered once
+        atexit.register(_release_held)
+    _HELD.add(lease)
+
+
+def _release_held() -> None:
+    """Release the leases nobody closed (a backend dropped without ``close``): their volumes need no reaper."""
+    for lease in list(_HELD):
+        with contextlib.suppress(Exception):  # at exit there is nobody to report to
+            lease.release()
+
+
+class _Handoff:
+    """Passes a container started in a thread to its caller, or back to the thread if the caller has gone.
+
+    Whoever ends up holding the container removes it when nobody wants it: the thread when the caller was
+    cancelled before the start returned, the caller when the cancellation came after.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._delivered: tuple[Any, socket.socket | None] | None = None
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the caller has gone (then the thread need not even start the container)."""
+        return self._abandoned
+
+    def deliver(self, started: tuple[Any, socket.socket | None]) -> bool:
+        """Called by the thread: False when the caller has gone and the thread must remove what it started."""
+        with self._lock:
+            if not self._abandoned:
+                self._delivered = started
+            return not self._abandoned
+
+    def abandon(self) -> tuple[Any, socket.socket | None] | None:
+        """Called by the cancelled caller: what was delivered before it left, which it must then remove."""
+        with self._lock:
+            self._abandoned = True
+            return self._delivered
 
 
 class DockerSandbox:
@@ -86,7 +218,8 @@ class DockerSandbox:
         self.spec = spec
         self._backend = backend
         self._shell = shell
-        self._closed = False
+        self._closed = False  # no more use: set as close() begins
+        self._done = False  # close() went to the end: the container is gone, or its removal failed for good
 
     async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
         """Run ``command`` through the command runner; its process group is killed in the container at ``timeout_s``."""
@@ -112,15 +245,22 @@ class DockerSandbox:
     async def close(self) -> None:
         """Kill the shell and force-remove the container; idempotent.
 
+        A close cancelled before its end is done again by the next one.
+
         Raises:
             SandboxError: the container survived every removal attempt (it is logged and listed in the
                 backend's ``leaked``; ``skyrl-agent reap`` removes it later).
         """
-        if self._closed:
+        if self._done:
             return
         self._closed = True
         await self._shell.close()
-        await self._backend.remove(self)
+        try:
+            await self._backend.remove(self)
+        except SandboxError:
+            self._done = True  # recorded as leaked: another attempt would fail the same way
+            raise
+        self._done = True
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.spec.workdir.rstrip('/')}/{path}"
@@ -137,9 +277,13 @@ class DockerBackend:
         run_id: the ``skyrl.run`` label (default: :func:`reaper.default_run_id`).
         max_concurrent_starts: container starts in flight at once (the daemon serializes them anyway).
         output_cap: bytes of output kept per command.
+        lease_ttl_s: how long the backend's lease lasts unrenewed (default: :func:`reaper.lease_ttl_s`).
+        log_max_size: size of one file of a container's json-file log (docker units: ``"16m"``).
+        log_max_files: log files kept per container.
 
-    ``close`` removes the sandboxes still open and the snapshot images this backend committed. IDs of
-    containers and images that could not be removed are kept in ``leaked``.
+    The backend owns (``skyrl.owner``) what it creates and holds a :class:`Lease` from its first ``create`` to
+    its ``close``. ``close`` removes the sandboxes still open and the snapshot images this backend committed, then
+    releases the lease. IDs of containers and images that could not be removed are kept in ``leaked``.
     """
 
     name = "docker"
@@ -150,14 +294,29 @@ class DockerBackend:
         run_id: str | None = None,
         max_concurrent_starts: int = 4,
         output_cap: int = DEFAULT_OUTPUT_CAP,
+        lease_ttl_s: float | None = None,
+        log_max_size: str = LOG_MAX_SIZE,
+        log_max_files: int = LOG_MAX_FILES,
     ) -> None:
+        if lease_ttl_s is not None and lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be a positive number of seconds, got {lease_ttl_s:g}")
         self.run_id = run_id or reaper.default_run_id()
         self._client: Any = None
+        self._connecting = asyncio.Lock()
+        self._lease = Lease(self.run_id, lease_ttl_s or reaper.lease_ttl_s())
         self._starts = asyncio.Semaphore(max_concurrent_starts)
         self._cap = output_cap
+        self._log_config = docker.types.LogConfig(
+            type=docker.types.LogConfig.types.JSON, config={"max-size": log_max_size, "max-file": str(log_max_files)}
+        )
         self._open: dict[str, DockerSandbox] = {}
         self._images: list[str] = []
         self.leaked: list[str] = []
+
+    @property
+    def owner(self) -> str:
+        """The ``skyrl.owner`` label of this backend's containers and images (its lease's owner id)."""
+        return self._lease.owner
 
     async def create(self, spec: SandboxSpec, *, episode: str | None = None) -> DockerSandbox:
         """Start a container from ``spec`` with its shell ready.
@@ -166,16 +325,27 @@ class DockerBackend:
             SandboxUnavailableError: no daemon. SandboxStartError: the container or its shell did not start.
         """
         client = await self._connect()
-        labels = managed_labels(self.run_id, episode or uuid.uuid4().hex[:12], spec.labels)
+        labels = managed_labels(self.run_id, episode or uuid.uuid4().hex[:12], spec.labels, owner=self.owner)
+        handoff = _Handoff()
         async with self._starts:
-            container, attached = await asyncio.to_thread(self._start_container, client, spec, labels)
-        sandbox = DockerSandbox(self, container, spec, self._shell_for(container.id, spec))
+            try:
+                started = await asyncio.to_thread(self._start_container, client, spec, labels, handoff)
+            except asyncio.CancelledError:
+                late = handoff.abandon()
+                if late is not None:  # started, but the caller left before taking it
+                    await asyncio.shield(asyncio.to_thread(_discard, late))
+                raise
+        assert started is not None  # None only for an abandoned start
+        container, attached = started
+        sandbox = DockerSandbox(self, container, spec, self._shell_for(container, spec))
         self._open[container.id] = sandbox
         try:
             await sandbox._shell.start(spec.workdir, opener=_attached_opener(attached) if attached else None)
-        except Exception as exc:
-            await sandbox.close()
-            raise SandboxStartError(f"container {container.id[:12]} started but its shell did not: {exc}") from exc
+        except BaseException as exc:
+            await _close_after_failed_start(sandbox)
+            if isinstance(exc, Exception):
+                raise SandboxStartError(f"container {container.id[:12]} started but its shell did not: {exc}") from exc
+            raise
         return sandbox
 
     async def fork(self, snapshot: Snapshot, n: int, spec: SandboxSpec) -> list[DockerSandbox]:
@@ -193,7 +363,8 @@ class DockerBackend:
 
     async def commit(self, sandbox: DockerSandbox) -> Snapshot:
         """Commit ``sandbox`` to a labelled image owned by this backend."""
-        labels = managed_labels(self.run_id, sandbox.container.labels.get("skyrl.episode", ""), sandbox.spec.labels)
+        episode = sandbox.container.labels.get("skyrl.episode", "")
+        labels = managed_labels(self.run_id, episode, sandbox.spec.labels, owner=self.owner)
         labels["skyrl.kind"] = "snapshot"
         image = await asyncio.to_thread(
             sandbox.container.commit, repository="skyrl-snapshot", tag=uuid.uuid4().hex[:12], conf={"Labels": labels}
@@ -207,17 +378,20 @@ class DockerBackend:
         Raises:
             SandboxError: the container is still there after every attempt (also logged and recorded).
         """
+        # Cancelled here, the removal runs on in its thread and the sandbox stays open for the next close.
+        removed = await asyncio.to_thread(remove_container, sandbox.container)
         self._open.pop(sandbox.container.id, None)
-        if not await asyncio.to_thread(remove_container, sandbox.container):
+        if not removed:
             self.leaked.append(sandbox.container.id)
             raise SandboxError(
                 f"container {sandbox.id} could not be removed; run `skyrl-agent reap --run {self.run_id}`"
             )
 
     async def close(self) -> None:
-        """Remove the open sandboxes and the committed snapshot images; idempotent.
+        """Remove the open sandboxes and the committed snapshot images, then release the lease; idempotent.
 
-        Every removal is attempted; then the first failure is raised as :class:`SandboxError`.
+        Every removal is attempted; then the first failure is raised as :class:`SandboxError` (what stayed is
+        reapable at once: its owner's lease is gone).
         """
         results = await asyncio.gather(*(s.close() for s in list(self._open.values())), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -229,21 +403,28 @@ class DockerBackend:
                 ):
                     self.leaked.append(image_id)
                     errors.append(SandboxError(f"snapshot image {image_id} could not be removed"))
+        if self._lease.held:
+            await asyncio.to_thread(self._lease.release)
         if errors:
             raise errors[0]
 
     async def _connect(self) -> Any:
-        if self._client is None:
-            self._client = await asyncio.to_thread(connect)
+        """The client, with the lease held (both made on first use; the lease again after ``close``)."""
+        async with self._connecting:
+            if self._client is None:
+                self._client = await asyncio.to_thread(connect)
+            if not self._lease.held:
+                await asyncio.to_thread(self._lease.acquire, self._client)
         return self._client
 
     def _start_container(
-        self, client: Any, spec: SandboxSpec, labels: dict[str, str]
-    ) -> tuple[Any, socket.socket | None]:
+        self, client: Any, spec: SandboxSpec, labels: dict[str, str], handoff: _Handoff
+    ) -> tuple[Any, socket.socket | None] | None:
         """Create and start the container; a failed start removes it and raises ``SandboxStartError``.
 
         Returns the container and, where the client's transport allows it, the connection attached to its main
-        process before the start (see :mod:`.attach`); None means the first runner must be exec'd.
+        process before the start (see :mod:`.attach`; None means the first runner must be exec'd). Returns None,
+        having removed the container, when the caller abandoned ``handoff`` meanwhile.
         """
         container = None
         attach = _attachable(client)
@@ -268,7 +449,11 @@ class DockerBackend:
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 init=True,
+                log_config=self._log_config,
             )
+            if handoff.abandoned:  # cancelled during the create: do not start it
+                _force_remove(container)
+                return None
             attached = _attach(container) if attach else None
             try:
                 container.start()
@@ -276,6 +461,9 @@ class DockerBackend:
                 if attached is not None:
                     attached.close()
                 raise
+            if not handoff.deliver((container, attached)):
+                _discard((container, attached))
+                return None
             return container, attached
         except _UNREACHABLE as exc:
             if container is not None:
@@ -288,10 +476,49 @@ class DockerBackend:
                 _force_remove(container)
             raise SandboxStartError(f"could not start a sandbox from {spec.image}: {exc}") from exc
 
-    def _shell_for(self, container_id: str, spec: SandboxSpec) -> PersistentShell:
+    def _shell_for(self, container: Any, spec: SandboxSpec) -> PersistentShell:
         docker_cli = shutil.which("docker") or "docker"
-        argv = [docker_cli, "exec", "-i", "-u", spec.user, "-w", spec.workdir, container_id]
-        return PersistentShell(argv, state_path=STATE_PATH, output_cap=self._cap, own_pid_namespace=True)
+        argv = [docker_cli, "exec", "-i", "-u", spec.user, "-w", spec.workdir, container.id]
+
+        async def postmortem() -> str | None:
+            return await asyncio.to_thread(ended_from_inside, container)
+
+        return PersistentShell(
+            argv, state_path=STATE_PATH, output_cap=self._cap, own_pid_namespace=True, postmortem=postmortem
+        )
+
+
+def ended_from_inside(container: Any) -> str | None:
+    """How ``container`` ended on its own, or None: it runs, was killed, stopped or removed, or the daemon is silent.
+
+    "On its own": it exited (its processes ended or ran out of memory) and the daemon logged no ``kill`` or ``stop``
+    of it (as ``docker kill``/``stop``/``rm -f``, the reaper and a daemon shutdown all do). The daemon keeps its
+    last 256 events, so this is asked right after the death (see docs/agent/dispatcher.md).
+    """
+    try:
+        for _ in range(20):  # the runner's channel may end a moment before the daemon records the exit
+            container.reload()
+            state = container.attrs["State"]
+            if not state["Running"]:
+                break
+            time.sleep(0.1)
+        else:
+            return None
+        since, until = _docker_time(state["StartedAt"]), _docker_time(state["FinishedAt"]) + 0.5
+        filters = {"type": "container", "container": container.id, "event": ["kill", "stop"]}
+        if any(True for _ in container.client.api.events(since=since, until=until, filters=filters, decode=True)):
+            return None
+    except (docker.errors.DockerException, *_UNREACHABLE):
+        return None
+    memory = " out of memory" if state["OOMKilled"] else ""
+    return f"container {container.id[:12]} exited{memory} with status {state['ExitCode']}, not killed from the host"
+
+
+def _docker_time(stamp: str) -> float:
+    """Seconds since the epoch of a daemon timestamp such as ``2026-01-02T03:04:05.123456789Z`` (UTC)."""
+    seconds = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+    fraction = stamp[19:].rstrip("Z")
+    return seconds + (float(fraction) if fraction.startswith(".") else 0.0)
 
 
 def _attachable(client: Any) -> bool:
@@ -359,6 +586,22 @@ def _force_remove(container: Any) -> None:
     remove_container(container)
 
 
+def _discard(started: tuple[Any, socket.socket | None]) -> None:
+    """Close the attach connection of a started container nobody took, and remove the container."""
+    container, attached = started
+    if attached is not None:
+        attached.close()
+    _force_remove(container)
+
+
+async def _close_after_failed_start(sandbox: DockerSandbox) -> None:
+    """Close ``sandbox`` to the end though the caller may be cancelled meanwhile (the start's error is raised)."""
+    try:
+        await asyncio.shield(sandbox.close())
+    except SandboxError as exc:
+        log.warning("closing sandbox %s after a failed start: %s", sandbox.id, exc)
+
+
 def list_managed(client: Any, run_id: str | None) -> tuple[list[Any], list[Any]]:
     """Containers and images labelled ``skyrl.managed=1`` (of ``run_id`` when given), for the reaper."""
     filters = ["skyrl.managed=1"] + ([f"skyrl.run={run_id}"] if run_id else [])
@@ -380,3 +623,37 @@ def containers_of_run(run_id: str) -> list[Any]:
 def remove_image(client: Any, image: Any) -> bool:
     """Force-remove ``image`` with retries; True when it is gone (or was already)."""
     return _retry_remove(client.images.remove, image.id, f"image {image.short_id}")
+
+
+def remove_volume(client: Any, name: str, *, retries: bool = True) -> bool:
+    """Force-remove the volume ``name`` (with retries unless told not to); True when it is gone (or was already)."""
+    if retries:
+        return _retry_remove(client.api.remove_volume, name, f"volume {name}")
+    try:
+        client.api.remove_volume(name, force=True)
+    except docker.errors.NotFound:
+        pass
+    except (docker.errors.APIError, *_UNREACHABLE) as exc:
+        log.debug("removing volume %s failed: %s", name, exc)
+        return False
+    return True
+
+
+def list_leases(client: Any, run_id: str | None) -> list[reaper.LeaseRecord]:
+    """The lease volumes (of ``run_id`` when given), for the reaper; an unreadable one counts as expired."""
+    filters = [reaper.LEASE_LABEL] + ([f"skyrl.run={run_id}"] if run_id else [])
+    leases = []
+    for volume in client.volumes.list(filters={"label": filters}):
+        labels = volume.attrs.get("Labels") or {}
+        try:
+            created_s = datetime.fromisoformat(volume.attrs["CreatedAt"]).timestamp()
+            ttl_s = float(labels[reaper.LEASE_TTL_LABEL])
+        except (KeyError, ValueError):
+            created_s, ttl_s = 0.0, 0.0
+        leases.append(reaper.LeaseRecord(volume.name, labels.get(reaper.LEASE_LABEL, ""), created_s, ttl_s))
+    return leases
+
+
+def daemon_time_s(client: Any) -> float:
+    """The daemon's clock in seconds since the epoch (leases are timed by it, whatever the caller's clock says)."""
+    return datetime.fromisoformat(client.info()["SystemTime"]).timestamp()

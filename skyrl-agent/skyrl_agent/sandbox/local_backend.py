@@ -7,10 +7,10 @@ Layout of one sandbox (under the backend's ``work_dir``)::
     <id>/merged  the root the sandbox sees: upper over [snapshot layers…] over the image rootfs
 
 The shell runs as ``bwrap --unshare-{ipc,pid,net,uts,cgroup} --die-with-parent --new-session`` (no network,
-own PID/IPC/UTS namespaces; no user namespace, see below) with a private ``/tmp``, then drops to the sandbox user
-(uid/gid 1000, no capabilities, no-new-privileges) with rlimits on processes, address space and file size.
-Timeouts are enforced inside, and a command's leftover processes are killed when it returns, as for Docker
-(:mod:`.shell`).
+own PID/IPC/UTS namespaces; no user namespace, see below) with a private ``/tmp`` (a tmpfs of ``tmp_size_mb``),
+then drops to the sandbox user (uid/gid 1000, no capabilities, no-new-privileges) with rlimits on processes,
+address space and file size. Timeouts are enforced inside, and a command's leftover processes are killed when it
+returns, as for Docker (:mod:`.shell`).
 
 * ``snapshot`` copies the upper dir (a frozen layer); ``fork`` mounts a new overlay with that layer as the top
   lower layer (a few ms). Snapshots are removed by :meth:`LocalBackend.close`.
@@ -18,6 +18,10 @@ Timeouts are enforced inside, and a command's leftover processes are killed when
   passes a directory.
 * Mounting overlayfs needs root (CAP_SYS_ADMIN). Without it the backend falls back to copying the rootfs and
   the snapshot layers into the sandbox's directory: correct, but each create costs a full copy (seconds).
+* A backend holds an exclusive ``flock`` on ``<work_dir>/.owner.lock`` while it lives; the kernel drops it when
+  the process dies, however it dies. A new backend first sweeps the work dirs (``skyrl-local-*`` in the temporary
+  directory, and its own ``work_dir``) whose lock nobody holds: it unmounts their overlays and deletes them
+  (:func:`sweep_stale`). A directory without that file is not a backend's and is left alone.
 
 Limits compared with Docker: no memory cgroup (``RLIMIT_AS`` per process instead), and ``RLIMIT_NPROC`` counts
 every process of uid 1000 on the host, shared by all local sandboxes. The backend runs bwrap as root without a
@@ -27,9 +31,12 @@ user namespace (bwrap's ``--unshare-all`` would add one that maps only uid 0), t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import fcntl
 import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -50,6 +57,9 @@ BWRAP = "/usr/bin/bwrap"
 SANDBOX_UID = 1000  # the image's ``sandbox`` user
 # Not under /tmp: that is a tmpfs of one bwrap instance, and the state must survive a respawn (a new bwrap).
 STATE_PATH = "/var/tmp/.skyrl-shell-state"
+TMP_SIZE_MB = 512  # default size of a sandbox's /tmp (a tmpfs: its pages are host memory)
+WORK_PREFIX = "skyrl-local-"  # default work dirs: <temporary directory>/skyrl-local-XXXXXXXX
+LOCK_NAME = ".owner.lock"  # in a work dir: flocked by the live backend that owns it
 
 
 def default_cache_dir() -> Path:
@@ -117,6 +127,70 @@ def _unmount(merged: Path) -> None:
     _libc().umount2(os.fsencode(merged), _MNT_DETACH)
 
 
+def _mounts_under(directory: Path) -> list[Path]:
+    """Mount points below ``directory`` in this mount namespace, deepest first."""
+    prefix = f"{directory}/"
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        # mountinfo writes a space, tab, newline or backslash in a path as an octal escape (\040)
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        if point.startswith(prefix):
+            points.append(Path(point))
+    return sorted(points, key=lambda path: len(path.parts), reverse=True)
+
+
+def _hold_lock(work_dir: Path) -> int | None:
+    """Make ``work_dir``'s lock file and hold its flock (an fd to keep); None if a live backend holds it.
+
+    The file appears under its name already locked (made under another name, then renamed), so a sweeper never
+    sees a live work dir's lock free.
+    """
+    final = work_dir / LOCK_NAME
+    with contextlib.suppress(FileNotFoundError):
+        return _try_lock(os.open(final, os.O_RDWR | os.O_CLOEXEC))
+    fd = os.open(work_dir / f".{os.getpid()}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(work_dir / f".{os.getpid()}.lock", final)
+    return fd
+
+
+def _try_lock(fd: int) -> int | None:
+    """``fd`` with an exclusive flock taken, or None (and ``fd`` closed) if someone holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _sweep(work_dir: Path) -> bool:
+    """Unmount and delete ``work_dir`` if it is a backend's whose lock nobody holds; True if it was swept."""
+    try:
+        fd = _try_lock(os.open(work_dir / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC))
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # not a backend's work dir (or already gone)
+    if fd is None:
+        return False  # its backend is alive
+    try:
+        for point in _mounts_under(work_dir):
+            _unmount(point)
+        shutil.rmtree(work_dir, ignore_errors=True)
+    finally:
+        os.close(fd)
+    return True
+
+
+def sweep_stale(parent: Path | None = None) -> list[Path]:
+    """Remove what backends that died without ``close`` (a SIGKILL) left in ``parent``: overlay mounts, then dirs.
+
+    Looks at the ``skyrl-local-*`` work dirs of ``parent`` (default: the temporary directory); a dir whose
+    ``.owner.lock`` nobody holds is stale. Returns the dirs removed.
+    """
+    parent = Path(tempfile.gettempdir()) if parent is None else parent
+    return [work_dir for work_dir in sorted(parent.glob(f"{WORK_PREFIX}*")) if _sweep(work_dir)]
+
+
 @dataclass
 class _Dirs:
     base: Path
@@ -154,12 +228,13 @@ class LocalSandbox:
         drop = f"setpriv --reuid {SANDBOX_UID} --regid {SANDBOX_UID} --clear-groups --inh-caps=-all"
         drop += " --bounding-set=-all --no-new-privs"
         inner = f'{limits} && exec {drop} "$@"'  # "$@": the command runner, appended by PersistentShell
+        tmp_size = str(self._backend.tmp_size_mb << 20)
         return [
             BWRAP,
             "--bind", merged, "/",
             "--dev", "/dev",
             "--proc", "/proc",
-            "--perms", "1777", "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", tmp_size, "--tmpfs", "/tmp",
             # --unshare-all minus the user namespace: a root-run bwrap in a new user namespace maps only uid 0,
             # while dropping to the real uid 1000 keeps host ownership (root-owned /etc stays read-only).
             "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
@@ -222,18 +297,34 @@ class LocalBackend:
         rootfs: an image root filesystem directory (read-only to sandboxes); exported from Docker when None.
         work_dir: where sandbox and snapshot dirs go (default: a fresh temporary directory, removed on close).
         output_cap: bytes of output kept per command.
+        tmp_size_mb: size of each sandbox's ``/tmp`` tmpfs; a write past it fails with ENOSPC.
+
+    Starting a backend sweeps the work dirs of dead backends first (module docstring, :func:`sweep_stale`).
     """
 
     name = "local"
 
     def __init__(
-        self, rootfs: Path | None = None, *, work_dir: Path | None = None, output_cap: int = DEFAULT_OUTPUT_CAP
+        self,
+        rootfs: Path | None = None,
+        *,
+        work_dir: Path | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+        tmp_size_mb: int = TMP_SIZE_MB,
     ):
         if not Path(BWRAP).exists():
             raise SandboxUnavailableError(f"{BWRAP} is missing; install bubblewrap (apt-get install bubblewrap)")
+        if tmp_size_mb < 1:
+            raise ValueError(f"tmp_size_mb must be at least 1, got {tmp_size_mb}")
+        sweep_stale()
+        if work_dir is not None:
+            _sweep(work_dir)
+            work_dir.mkdir(parents=True, exist_ok=True)
         self.rootfs = rootfs
-        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="skyrl-local-"))
+        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix=WORK_PREFIX))
+        self._lock_fd = _hold_lock(self.work_dir)
         self.output_cap = output_cap
+        self.tmp_size_mb = tmp_size_mb
         self._counter = 0
         self._open: set[LocalSandbox] = set()
 
@@ -277,6 +368,9 @@ class LocalBackend:
         await asyncio.gather(*(s.close() for s in list(self._open)))
         self._open.clear()
         await asyncio.to_thread(shutil.rmtree, self.work_dir, True)
+        lock_fd, self._lock_fd = self._lock_fd, None
+        if lock_fd is not None:
+            os.close(lock_fd)
 
 
 def _prepare(base: Path, lowers: list[Path]) -> _Dirs:

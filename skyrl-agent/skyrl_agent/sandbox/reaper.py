@@ -1,12 +1,23 @@
-"""Find and remove leaked Docker sandboxes by label.
+"""Find and remove leaked Docker sandboxes by label, telling live owners from dead ones by lease.
 
 Every managed container and snapshot image carries ``skyrl.managed=1``, ``skyrl.run=<run id>`` and
-``skyrl.owner=<pid>:<boot id>:<start ticks>``: the process that created it. The owner is alive only if that PID
-exists on this boot *and* started at the same clock tick, so a reused PID or a reboot counts as dead.
+``skyrl.owner=<owner id>``: the :class:`~.docker_backend.DockerBackend` that created it. An owner is alive while
+it holds a **lease**, and the lease is kept with the daemon, so every process that reaches the daemon gets the
+same answer: two runs in different PID namespaces, or on different hosts sharing a remote daemon, never take each
+other's live sandboxes for leaked ones.
 
-:func:`reap` removes what belongs to dead owners (or everything, or one run's). :func:`install_reaper` does that
-at start-up, and removes this run's sandboxes at exit and on SIGTERM/SIGINT (then calls the previous handler).
-A SIGKILLed run cannot clean up after itself; the next start-up (or ``skyrl-agent reap``) does.
+* A lease is an empty Docker volume labelled ``skyrl.lease=<owner id>``, ``skyrl.run`` and
+  ``skyrl.lease.ttl=<seconds>``. The daemon stamps its creation time with its own clock.
+* The owner renews it every ``ttl / 4`` from a thread of its own: it creates a successor volume, then removes
+  the older ones, so one always exists while it renews. Releasing it (``DockerBackend.close``) removes them all.
+* An owner is alive iff one of its lease volumes was created less than ``ttl`` ago by the daemon's clock. A
+  process that was SIGKILLed, is stopped or hung, or lost the daemon, stops renewing: after ``ttl`` its
+  containers and images are reapable (``SKYRL_LEASE_TTL_S``, default 60 s).
+
+:func:`reap` removes what belongs to dead owners (or everything, or one run's) and the expired leases.
+:func:`install_reaper` does that at start-up, and removes this run's sandboxes at exit and on SIGTERM/SIGINT
+(then calls the previous handler). A SIGKILLed run cannot clean up after itself; a start-up or a
+``skyrl-agent reap`` more than ``ttl`` after its death does.
 """
 
 from __future__ import annotations
@@ -15,46 +26,54 @@ import atexit
 import contextlib
 import functools
 import os
+import re
 import signal
 import socket
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-
-@functools.cache
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
+OWNER_LABEL = "skyrl.owner"
+LEASE_LABEL = "skyrl.lease"  # on a lease volume: the owner id it keeps alive
+LEASE_TTL_LABEL = "skyrl.lease.ttl"  # seconds the lease lasts after its volume was created
+LEASE_TTL_S = 60.0  # default lease length; renewed every quarter of it
+LEASE_TTL_ENV = "SKYRL_LEASE_TTL_S"
 
 
-def _start_ticks(pid: int) -> str | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot), or None if there is no such PID."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # fields after "(comm)" start at field 3
+def lease_ttl_s() -> float:
+    """The lease length of new owners: ``$SKYRL_LEASE_TTL_S`` or :data:`LEASE_TTL_S` seconds."""
+    ttl = float(os.environ.get(LEASE_TTL_ENV, LEASE_TTL_S))
+    if ttl <= 0:
+        raise ValueError(f"{LEASE_TTL_ENV} must be a positive number of seconds, got {ttl:g}")
+    return ttl
 
 
-def owner(pid: int | None = None) -> str:
-    """The ``skyrl.owner`` label value for ``pid`` (default: this process)."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_boot_id()}:{_start_ticks(pid)}"
+def new_owner_id() -> str:
+    """A fresh owner id (``host-pid-random``; usable in a Docker object name)."""
+    host = re.sub(r"[^a-zA-Z0-9_.-]", "-", socket.gethostname())
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def owner_alive(label: str | None) -> bool:
-    """Whether the process named by a ``skyrl.owner`` label still runs (unparseable labels count as dead)."""
-    try:
-        pid_text, boot, ticks = (label or "").split(":")
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    return boot == _boot_id() and _start_ticks(pid) == ticks
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One lease volume as listed from the daemon."""
+
+    name: str
+    owner: str
+    created_s: float  # creation time by the daemon's clock, seconds since the epoch
+    ttl_s: float
+
+
+def lease_labels(owner: str, run_id: str, ttl_s: float) -> dict[str, str]:
+    """The labels of a lease volume of ``owner``."""
+    return {"skyrl.managed": "1", "skyrl.run": run_id, LEASE_LABEL: owner, LEASE_TTL_LABEL: f"{ttl_s:g}"}
+
+
+def live_owners(leases: Iterable[LeaseRecord], now_s: float) -> set[str]:
+    """The owners holding a lease that has not expired at ``now_s`` (the daemon's clock)."""
+    return {lease.owner for lease in leases if now_s < lease.created_s + lease.ttl_s}
 
 
 @functools.cache
@@ -65,18 +84,21 @@ def default_run_id() -> str:
 
 @dataclass
 class ReapReport:
-    """Short ids of what :func:`reap` removed."""
+    """Short ids of the containers and images :func:`reap` removed, and names of the leases."""
 
     containers: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
+    leases: list[str] = field(default_factory=list)
 
 
 def reap(run_id: str | None = None, *, dead_only: bool = True) -> ReapReport:
-    """Remove managed containers, then managed images, whose owner is dead (or all of them if not ``dead_only``).
+    """Remove managed containers, then images, whose owner holds no live lease (all of them if not ``dead_only``).
+
+    The leases of those owners go too.
 
     Args:
         run_id: only this run's resources (default: every run's).
-        dead_only: keep resources whose owning process is alive.
+        dead_only: keep resources whose owner's lease is live.
 
     Raises:
         SandboxUnavailableError: no Docker daemon answered.
@@ -86,17 +108,21 @@ def reap(run_id: str | None = None, *, dead_only: bool = True) -> ReapReport:
     client = docker_backend.connect()
     report = ReapReport()
     try:
+        # Resources first: an owner's lease exists before its first resource and until after its last, so a
+        # resource listed here has its owner's lease (if live) in the listing that follows.
         containers, images = docker_backend.list_managed(client, run_id)
+        now_s = docker_backend.daemon_time_s(client)
+        leases = docker_backend.list_leases(client, run_id)
+        live = live_owners(leases, now_s) if dead_only else set()
         for container in containers:
-            if dead_only and owner_alive(container.labels.get("skyrl.owner")):
-                continue
-            if docker_backend.remove_container(container):
+            if container.labels.get(OWNER_LABEL) not in live and docker_backend.remove_container(container):
                 report.containers.append(container.short_id)
         for image in images:
-            if dead_only and owner_alive(image.labels.get("skyrl.owner")):
-                continue
-            if docker_backend.remove_image(client, image):
+            if image.labels.get(OWNER_LABEL) not in live and docker_backend.remove_image(client, image):
                 report.images.append(image.short_id)
+        for lease in leases:
+            if lease.owner not in live and docker_backend.remove_volume(client, lease.name):
+                report.leases.append(lease.name)
     finally:
         client.close()
     return report

@@ -2,20 +2,34 @@ r"""The command runner: a small server inside each sandbox that runs the host's 
 
 :class:`~skyrl_agent.sandbox.shell.PersistentShell` sends this file's source to ``python3 -I -S`` inside the
 sandbox (``-I -S``: nothing in the sandbox, such as a ``select.py`` in the working directory or a site package,
-can shadow a module the runner imports). It needs python ≥ 3.8 and bash ≥ 4.1 (and ``ctypes`` when run as a
-host process). It uses the standard library only, and only modules that import quickly: it starts in images we
+can shadow a module the runner imports). It needs python ≥ 3.8 with the C module ``_ctypes`` (for ``prctl``) and
+bash ≥ 4.1. It uses the standard library only, and only modules that import quickly: it starts in images we
 do not control.
 
 Protocol, over the runner's stdin/stdout (numbers in decimal ASCII, one request at a time)::
 
     hello  ->  "skyrl-runner ready PID…\\n"           (the other pids visible when the runner started)
-    run    <-  "run TIMEOUT_MS LEN_WORKDIR LEN_COMMAND\\n" WORKDIR COMMAND
-    read   <-  "read LEN_PATH\\n" PATH
-    write  <-  "write MODE LEN_PATH LEN_DATA\\n" PATH DATA
-    reply  ->  "CODE TIMED_OUT TRUNCATED LEN\\n" BODY
+    run    <-  "run TOKEN TIMEOUT_MS LEN_WORKDIR LEN_COMMAND\\n" WORKDIR COMMAND
+    read   <-  "read TOKEN LEN_PATH\\n" PATH
+    write  <-  "write TOKEN MODE LEN_PATH LEN_DATA\\n" PATH DATA
+    reply  ->  "TOKEN CODE TIMED_OUT TRUNCATED LEN\\n" BODY
 
-``CODE`` is the command's exit status (128+N when killed by signal N) or, for a file operation, an errno (0: done).
-``BODY`` is the command's output (at most the cap) or the file's bytes.
+``TOKEN`` is a random word the host chooses afresh for each request; the reply repeats it. ``CODE`` is the
+command's exit status (128+N when killed by signal N) or, for a file operation, an errno (0: done). ``BODY`` is the
+command's output (at most the cap) or the file's bytes (at most :data:`MAX_FILE_BYTES`; a larger file is EFBIG).
+
+Commands cannot reach the runner or its channel to the host:
+
+* The runner makes itself non-dumpable (``PR_SET_DUMPABLE`` 0) as soon as it runs, before it says it is ready:
+  its ``/proc/PID/fd``, ``/proc/PID/mem`` and ptrace then need ``CAP_SYS_PTRACE``, which commands (the same user,
+  no capabilities) lack. They can neither write into its stdout nor read its stdin or memory (a request's token).
+* Another process may hold the same channel (in Docker, docker-init, PID 1, holds the container's stdout, on which
+  the first runner answers), and a command may write there. The host refuses whatever is not a reply carrying the
+  request's token, unread (:mod:`.shell`); a command cannot learn a token: the runner reads each request whole
+  before the command starts, and only the runner and the host know it.
+* The shell runs in a session of its own and each command in a process group of its own, apart from the runner's.
+* Every reply is bounded (the output cap, :data:`MAX_FILE_BYTES`); files are opened non-blocking, so that a FIFO a
+  command left behind cannot wedge a ``read`` or ``write``.
 
 How a command runs:
 
@@ -39,14 +53,15 @@ How a command runs:
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import sys
 import time
 
 # Start-up time matters (a runner starts with every sandbox, and python alone takes ~10 ms here): in a CPU-limited
-# container ``signal`` (it imports ``enum``), ``contextlib`` and ``typing`` each cost 10–30 ms, ``ctypes`` 5 ms
-# (imported only where needed); the C module ``_signal`` costs nothing.
+# container ``signal`` (it imports ``enum``), ``contextlib`` and ``typing`` each cost 10–30 ms, ``ctypes`` 7 ms;
+# the C modules ``_signal`` and ``_ctypes`` (0.4 ms) cost next to nothing.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
@@ -55,7 +70,9 @@ else:
     import _signal
 
 KILL_AFTER_S = 2.0  # SIGKILL follows SIGTERM this long after a command's timeout
+MAX_FILE_BYTES = 64 << 20  # the largest file a `read` returns (larger: EFBIG), so that every reply is bounded
 NAME = b"skyrl-runner"  # the process name (comm), so that `pkill python` in a command leaves the runner alone
+_PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _SIGKILL, _SIGTERM = 9, 15
 
@@ -197,18 +214,18 @@ class Runner:
             line = stdin.readline()
             if not line:
                 return
-            op, *numbers = line.split()
+            op, token, *numbers = line.split()
             args = [int(n) for n in numbers]
             if op == b"run":
                 timeout_ms, workdir_len, command_len = args
                 workdir, command = stdin.read(workdir_len), stdin.read(command_len)
-                send(*self.run(command, workdir, timeout_ms / 1000))
+                send(token, *self.run(command, workdir, timeout_ms / 1000))
             elif op == b"read":
-                send(*read_file(stdin.read(args[0])))
+                send(token, *read_file(stdin.read(args[0])))
             elif op == b"write":
                 mode, path_len, data_len = args
                 path, data = stdin.read(path_len), stdin.read(data_len)
-                send(*write_file(path, data, mode))
+                send(token, *write_file(path, data, mode))
             else:
                 raise ValueError(f"unknown request {line!r}")
 
@@ -376,12 +393,24 @@ def sweep(keep: set[int]) -> None:
 
 
 def read_file(path: bytes) -> tuple[int, int, int, bytes]:
-    """The reply to a ``read``: errno and the file's bytes."""
+    """The reply to a ``read``: errno and the file's bytes; EFBIG beyond :data:`MAX_FILE_BYTES` (``/dev/zero`` too)."""
+    chunks, size = [], 0
     try:
-        with open(path, "rb") as f:
-            return 0, 0, 0, f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            while size <= MAX_FILE_BYTES:
+                chunk = os.read(fd, min(1 << 20, MAX_FILE_BYTES + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
     except OSError as exc:
-        return exc.errno or 5, 0, 0, b""
+        return exc.errno or errno.EIO, 0, 0, b""
+    if size > MAX_FILE_BYTES:
+        return errno.EFBIG, 0, 0, b""
+    return 0, 0, 0, b"".join(chunks)
 
 
 def write_file(path: bytes, data: bytes, mode: int) -> tuple[int, int, int, bytes]:
@@ -390,14 +419,15 @@ def write_file(path: bytes, data: bytes, mode: int) -> tuple[int, int, int, byte
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC, mode)
         try:
+            os.set_blocking(fd, True)  # non-blocking only to open: a FIFO without a reader fails (ENXIO) at once
             write_all(fd, data)
             os.fchmod(fd, mode)  # also when the file existed, and regardless of the umask
         finally:
             os.close(fd)
     except OSError as exc:
-        return exc.errno or 5, 0, 0, b""
+        return exc.errno or errno.EIO, 0, 0, b""
     return 0, 0, 0, b""
 
 
@@ -427,9 +457,18 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def send(code: int, timed_out: int, truncated: int, body: bytes) -> None:
-    """Write one reply to stdout."""
-    write_all(1, b"%d %d %d %d\n" % (code, timed_out, truncated, len(body)) + body)
+def send(token: bytes, code: int, timed_out: int, truncated: int, body: bytes) -> None:
+    """Write the reply to the request that carried ``token`` to stdout."""
+    write_all(1, b"%s %d %d %d %d\n" % (token, code, timed_out, truncated, len(body)) + body)
+
+
+def prctl(option: int, arg: int) -> None:
+    """``prctl(option, arg)``, through the C module ``_ctypes`` (importing ``ctypes`` costs ≈7 ms in a sandbox)."""
+    import _ctypes
+
+    function = _ctypes.dlsym(_ctypes.dlopen(None), "prctl")  # type: ignore[arg-type]  # None: the program itself
+    if _ctypes.call_function(function, (option, arg, 0, 0, 0)) != 0:
+        raise OSError(f"prctl({option}, {arg}) failed")
 
 
 class Ignoring:
@@ -461,14 +500,11 @@ def main(state_path: str, cap: int, workdir: str | None, keep: list[int] | None,
             start is a command's leftover. Otherwise (a host process) leftovers are the runner's descendants:
             the runner becomes a child subreaper so that orphans stay its descendants.
     """
-    if not own_namespace:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
-    with open("/proc/self/comm", "wb") as comm:
+    with open("/proc/self/comm", "wb") as comm:  # before the next line, which gives /proc/self to root
         comm.write(NAME)
+    prctl(_PR_SET_DUMPABLE, 0)  # see the module docstring
+    if not own_namespace:
+        prctl(_PR_SET_CHILD_SUBREAPER, 1)
     if keep is not None:
         sweep(set(keep))
     state = initial_state(workdir or os.getcwd())

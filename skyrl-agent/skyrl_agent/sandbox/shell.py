@@ -28,8 +28,25 @@ processes; :mod:`.runner` says how):
   was killed, stopped or is wedged), it respawns the runner; in a sandbox with a PID namespace of its own, whose
   processes outlive the runner (Docker), the new runner first kills every process except those present before
   the first runner started (PID 1 and, in Docker, the init script and its dead-man ``sleep``).
+* **The channel is the runner's alone**: commands cannot open the runner's stdout (it is not dumpable, see
+  :mod:`.runner`), and the host takes as a reply only a header that repeats the request's random token and claims
+  no more than the request's limit (the output cap; :data:`.runner.MAX_FILE_BYTES` for a file; nothing for a
+  write). Anything else, such as bytes a command wrote into a stdout that also reaches the host (Docker's PID 1
+  holds the container's), is refused unread: the request fails with :class:`ReplyRefusedError` and the runner is
+  respawned. Every read is bounded: a header line by the reader's limit (64 KiB), a body by the request's limit.
 
-The sandbox needs ``bash`` (≥ 4.1) and ``python3`` (≥ 3.8) on its PATH.
+Errors (all :class:`~skyrl_agent.sandbox.base.SandboxError`; whose failure they are is the caller's to say: the
+agent's when the request was an agent's action, see docs/agent/dispatcher.md)::
+
+    SandboxError
+    ├── ShellDiedError              the runner is gone and no new one starts (the sandbox died, or is unreachable)
+    └── CommandBrokeSandboxError    the request that was running broke the sandbox: it ended from the inside
+        │                           meanwhile (its processes were killed, it ran out of memory), as the
+        │                           backend's postmortem says
+        └── ReplyRefusedError       the channel carried bytes the runner did not send
+            └── ReplyTooLargeError  a reply header claimed more than the request's limit
+
+The sandbox needs ``bash`` (≥ 4.1) and ``python3`` (≥ 3.8, with ``_ctypes``) on its PATH.
 """
 
 from __future__ import annotations
@@ -38,6 +55,7 @@ import asyncio
 import contextlib
 import marshal
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -46,12 +64,13 @@ from pathlib import Path
 from typing import Protocol
 
 from skyrl_agent.sandbox.base import CommandResult, SandboxError
-from skyrl_agent.sandbox.runner import KILL_AFTER_S, NAME
+from skyrl_agent.sandbox.runner import KILL_AFTER_S, MAX_FILE_BYTES, NAME
 
 BACKSTOP_S = 5.0  # extra host-side wait before the runner is declared wedged and respawned
 START_TIMEOUT_S = 30.0  # for the runner to say it is ready (python start-up under load)
 FILE_TIMEOUT_S = 120.0  # for one read_file or write_file
 DEFAULT_OUTPUT_CAP = 64 * 1024  # bytes of command output kept
+CRASH_GRACE_S = 1.0  # after a line that is no reply: how long a runner that crashed (and said why) has to end
 _RUNNER_SOURCE = (Path(__file__).parent / "runner.py").read_bytes()
 # Compiling the runner takes ≈5 ms in a sandbox, as long as starting python there: a sandbox whose python has this
 # interpreter's bytecode (the same magic number, e.g. any 3.11 for a 3.11 host) runs it precompiled instead.
@@ -69,6 +88,29 @@ _BOOT = (
 
 class ShellDiedError(SandboxError):
     """The command runner exited or stopped answering and could not be restarted (the sandbox may be gone)."""
+
+
+class CommandBrokeSandboxError(SandboxError):
+    """The request that was running broke the sandbox: it ended from the inside, or its channel was written to.
+
+    The sandbox layer cannot tell whose request it was; a caller that ran an agent's action makes this the agent's
+    failure (:class:`~skyrl_agent.agents.tool_env.SandboxToolEnv` does).
+    """
+
+
+class ReplyRefusedError(CommandBrokeSandboxError):
+    """The runner's channel carried bytes the runner did not send; they were not taken as a reply."""
+
+
+class ReplyTooLargeError(ReplyRefusedError):
+    """A reply header claimed more bytes than the request may return; the body was not read."""
+
+
+Postmortem = Callable[[], Awaitable[str | None]]
+"""Asked when the runner's channel ended while a request ran and no new runner starts: how the sandbox ended from
+the inside (its own processes ended, or it ran out of memory; e.g. ``"… exited with status 137 …"``), or None when
+it did not or the backend cannot tell (killed, stopped or removed from the host; the daemon does not answer).
+It must not raise."""
 
 
 class RunnerChannel(Protocol):
@@ -147,6 +189,8 @@ class PersistentShell:
         output_cap: bytes of output kept per command; more sets ``truncated``.
         env: environment of the host-side process (``None``: inherit).
         python: the python interpreter inside the sandbox.
+        postmortem: asked how the sandbox ended when it ended during a request (see :data:`Postmortem`); without
+            one, every death is a :class:`ShellDiedError`.
         own_pid_namespace: the sandbox has a PID namespace of its own (Docker, bwrap): a command's leftovers are
             all processes the runner did not find at its start, and a respawned runner first kills every process
             but those present before the first one. Otherwise (a host process) leftovers are the runner's
@@ -165,8 +209,10 @@ class PersistentShell:
         env: dict[str, str] | None = None,
         python: str = "python3",
         own_pid_namespace: bool = False,
+        postmortem: Postmortem | None = None,
     ) -> None:
         self._argv = list(argv)
+        self._postmortem = postmortem
         self._state = state_path
         self._cap = output_cap
         self._env = env
@@ -188,12 +234,17 @@ class PersistentShell:
         self._keep = await self._spawn(initial_workdir, None, opener)
 
     async def run(self, command: str, *, timeout_s: float, workdir: str | None = None) -> CommandResult:
-        """Run ``command`` with its timeout enforced inside the sandbox; see the module docstring."""
+        """Run ``command`` with its timeout enforced inside the sandbox; see the module docstring.
+
+        Raises:
+            CommandBrokeSandboxError: the command ended the sandbox, or wrote into the runner's channel.
+            ShellDiedError: the sandbox is gone for another reason (the runner cannot be restarted).
+        """
         seconds = max(timeout_s, 0.001)
         wd, cmd = (workdir or "").encode(), command.encode()
-        request = b"run %d %d %d\n%s%s" % (round(seconds * 1000), len(wd), len(cmd), wd, cmd)
         start = time.monotonic()
-        reply = await self._request(request, deadline_s=seconds + KILL_AFTER_S + BACKSTOP_S)
+        deadline_s = seconds + KILL_AFTER_S + BACKSTOP_S
+        reply = await self._request(b"run", (round(seconds * 1000), len(wd), len(cmd)), wd + cmd, self._cap, deadline_s)
         duration = time.monotonic() - start
         if reply is None:  # no answer: the runner was killed or wedged (and has been respawned)
             return CommandResult(output="", exit_code=-1, timed_out=True, duration_s=duration)
@@ -208,7 +259,7 @@ class PersistentShell:
     async def read_file(self, path: str) -> bytes:
         """Bytes of ``path`` as the sandbox user; raises ``FileNotFoundError``/``PermissionError``/…."""
         encoded = path.encode()
-        reply = await self._request(b"read %d\n%s" % (len(encoded), encoded), deadline_s=FILE_TIMEOUT_S)
+        reply = await self._request(b"read", (len(encoded),), encoded, MAX_FILE_BYTES, FILE_TIMEOUT_S)
         self._raise_for_file(reply, path)
         assert reply is not None
         return reply.body
@@ -216,8 +267,8 @@ class PersistentShell:
     async def write_file(self, path: str, data: bytes, mode: int) -> None:
         """Create or replace ``path`` with ``data`` (parents created) as the sandbox user."""
         encoded = path.encode()
-        request = b"write %d %d %d\n%s%s" % (mode, len(encoded), len(data), encoded, data)
-        self._raise_for_file(await self._request(request, deadline_s=FILE_TIMEOUT_S), path)
+        reply = await self._request(b"write", (mode, len(encoded), len(data)), encoded + data, 0, FILE_TIMEOUT_S)
+        self._raise_for_file(reply, path)
 
     async def close(self) -> None:
         """Kill the host-side process; idempotent."""
@@ -228,30 +279,79 @@ class PersistentShell:
         """Whether the runner is (as far as the host can tell) running."""
         return self._channel is not None and self._channel.alive
 
-    async def _request(self, request: bytes, *, deadline_s: float) -> _Reply | None:
-        """Send ``request`` and read the reply; None (after a respawn) when none came within ``deadline_s``."""
+    async def _request(
+        self, op: bytes, numbers: tuple[int, ...], payload: bytes, limit: int, deadline_s: float
+    ) -> _Reply | None:
+        """Send one request and read its reply of at most ``limit`` bytes.
+
+        Returns None (after a respawn) when no reply came within ``deadline_s`` or the runner ended without one.
+        A runner that was gone before the request is a :class:`ShellDiedError` (the sandbox died while idle).
+
+        Raises:
+            ReplyRefusedError: the channel carried something else than the reply (the runner is respawned).
+            CommandBrokeSandboxError: the sandbox ended from the inside while the request ran.
+            ShellDiedError: the runner is gone and no new one starts.
+        """
         async with self._lock:
             if self._out_of_step or not self.alive:
-                await self._spawn(None, self._keep if self._own_namespace else None)
+                await self._respawn()
             channel = self._channel
             assert channel is not None
+            token = secrets.token_hex(8).encode()  # what a command cannot know, so cannot forge
+            header = b" ".join([op, token, *(b"%d" % n for n in numbers)])
+            self._out_of_step = True  # until the whole reply is read
             try:
-                self._out_of_step = True  # until the whole reply is read
-                channel.stdin.write(request)
-                reply = await asyncio.wait_for(self._read_reply(channel.stdin, channel.stdout), deadline_s)
-                self._out_of_step = False
-                return reply
-            except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
-                # OSError: the pipe broke; ValueError: no reply header (the runner crashed and printed why).
+                channel.stdin.write(header + b"\n" + payload)
+                reply = await asyncio.wait_for(self._read_reply(channel, token, limit), deadline_s)
+            except ReplyRefusedError:
                 with contextlib.suppress(ShellDiedError):
-                    await self._spawn(None, self._keep if self._own_namespace else None)
+                    await self._respawn()  # the new runner's sweep ends what the request left running
+                raise
+            except (OSError, EOFError, TimeoutError):
+                # OSError: the pipe broke; EOFError: the runner ended (killed, or crashed); TimeoutError: wedged.
+                try:
+                    await self._respawn()
+                except ShellDiedError as exc:
+                    raise await self._death(op, exc) from exc
                 return None
+            self._out_of_step = False
+            return reply
 
     @staticmethod
-    async def _read_reply(stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader) -> _Reply:
-        await stdin.drain()
-        code, timed_out, truncated, length = (int(field) for field in (await stdout.readline()).split())
-        return _Reply(code, bool(timed_out), bool(truncated), await stdout.readexactly(length))
+    async def _read_reply(channel: RunnerChannel, token: bytes, limit: int) -> _Reply:
+        """The reply to the request that carried ``token``; nothing beyond its header is read unless it is one."""
+        await channel.stdin.drain()
+        try:
+            line = await channel.stdout.readline()  # buffers at most the reader's limit without a newline
+        except ValueError:  # a longer line: no header is that long
+            line = b"(a line over the reader's limit)\n"
+        if not line.endswith(b"\n"):
+            raise EOFError("the runner ended without a reply")
+        fields = line.split()
+        if len(fields) != 5 or fields[0] != token or not all(field.isdigit() for field in fields[1:]):
+            if await _ends(channel):  # a runner that crashed prints why, then ends
+                raise EOFError("the runner ended without a reply")
+            raise ReplyRefusedError(
+                f"the sandbox's channel to its command runner carried bytes the runner did not send ({line[:60]!r}…);"
+                " a command wrote into a stdout that reaches the host. They were not taken as the reply"
+            )
+        code, timed_out, truncated, length = (int(field) for field in fields[1:])
+        if length > limit:
+            raise ReplyTooLargeError(
+                f"a reply claimed {length} bytes, which exceeds the limit of {limit} bytes for this request;"
+                " it was refused unread"
+            )
+        return _Reply(code, bool(timed_out), bool(truncated), await channel.stdout.readexactly(length))
+
+    async def _death(self, op: bytes, error: ShellDiedError) -> SandboxError:
+        """What a runner that ended during an ``op`` request and cannot be restarted means (see :data:`Postmortem`)."""
+        cause = None if self._postmortem is None else await self._postmortem()
+        if cause is None:
+            return error
+        return CommandBrokeSandboxError(f"the sandbox ended from the inside while a {op.decode()} request ran: {cause}")
+
+    async def _respawn(self) -> None:
+        await self._spawn(None, self._keep if self._own_namespace else None)
 
     async def _spawn(
         self, workdir: str | None, keep: list[int] | None, opener: ChannelOpener | None = None
@@ -301,3 +401,18 @@ class PersistentShell:
             raise ShellDiedError(f"the sandbox command runner died while accessing {path}")
         if reply.code != 0:
             raise OSError(reply.code, os.strerror(reply.code), path)  # FileNotFoundError, PermissionError, …
+
+
+async def _ends(channel: RunnerChannel) -> bool:
+    """Whether ``channel`` ends within :data:`CRASH_GRACE_S`; what arrives meanwhile (64 KiB at most) is dropped."""
+    loop = asyncio.get_running_loop()
+    deadline, dropped = loop.time() + CRASH_GRACE_S, 0
+    while channel.alive and dropped < 1 << 16:
+        try:
+            chunk = await asyncio.wait_for(channel.stdout.read(4096), max(deadline - loop.time(), 0))
+        except TimeoutError:
+            return False
+        if not chunk:
+            return True
+        dropped += len(chunk)
+    return not channel.alive

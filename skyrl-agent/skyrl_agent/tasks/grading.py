@@ -21,7 +21,9 @@ meanwhile), with a limit derived from the task's reference time: a run that time
 busy is not a reward of 0. If the retry times out too, the patch is at fault: ``timeout``, unresolved.
 
 Sandbox infrastructure failures (:class:`~skyrl_agent.sandbox.base.SandboxError`) propagate: they say nothing
-about the patch and the caller decides whether to retry.
+about the patch and the caller decides whether to retry. The grading sandbox is closed on every exit path, to the
+end even when the grading is cancelled meanwhile; a close that fails after the verdict was reached is logged and
+the verdict kept (the verdict is sound, and the sandbox is the backend's to reap).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shlex
@@ -63,6 +66,8 @@ done
 {git} show {ref}:setup.cfg 2>/dev/null | grep -q '^\\[tool:pytest\\]' && {{ echo setup.cfg; exit 0; }}
 exit 0
 """
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GradeResult", "Grader", "default_concurrency", "grade", "prepare_workspace", "test_targets"]
 
@@ -148,9 +153,34 @@ class Grader:
     async def _attempt(self, task: SWETask, patch: str, limit: float, spec: SandboxSpec | None) -> GradeResult:
         sandbox = await self._create(replace(spec or self.spec, image=task.base_image, workdir=task.workdir))
         try:
-            return await _Run(task, sandbox, limit, self.log_cap).grade(patch)
-        finally:
-            await sandbox.close()
+            result = await _Run(task, sandbox, limit, self.log_cap).grade(patch)
+        except BaseException:
+            await _close_to_the_end(sandbox, task.id)
+            raise
+        await _close_to_the_end(sandbox, task.id)
+        return result
+
+
+async def _close_to_the_end(sandbox: Sandbox, task_id: str) -> None:
+    """Close ``sandbox``; a cancellation meanwhile waits for the close and is raised after it. A close error is logged.
+
+    The caller's result (a verdict, or the error that ended the grading) is what counts, not the close's error.
+    """
+    closing = asyncio.ensure_future(sandbox.close())
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(closing)
+            break
+        except asyncio.CancelledError:
+            if closing.cancelled():
+                break
+            cancelled = True  # the grading was cancelled; the close goes on
+        except Exception as exc:
+            log.warning("task %s: closing grading sandbox %s failed: %s", task_id, sandbox.id, exc)
+            break
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, Grader] = weakref.WeakKeyDictionary()

@@ -4,11 +4,18 @@ Each sandbox is a fresh temporary directory standing in for the root filesystem:
 ``/workspace/x.py`` maps to ``<tmp>/workspace/x.py`` and commands run there with ``bash``. Commands see the host
 (network, files, processes), so use it only for trusted code, such as validating the shipped task suite or tests.
 Commands must use paths relative to their ``workdir``.
+
+A command's processes do not outlive it, as in the other backends: when ``bash`` exits or the timeout fires, its
+process group is killed, and so is every process whose environment carries the command's mark (``MARK``, a fresh
+token per command), which is how a daemon that left the session with ``setsid`` is found. The output is read
+until then and for at most ``DRAIN_S`` more, so a process that still holds the pipe (one that dropped the mark)
+cannot hold the command. Commands read ``/dev/null`` as stdin.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +28,8 @@ from pathlib import Path
 from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxClosedError, SandboxSpec, Snapshot
 
 OUTPUT_CAP = 1 << 20  # bytes of command output kept (the tail)
+MARK = "SKYRL_PROCESS_COMMAND"  # environment variable naming the command a process belongs to
+DRAIN_S = 1.0  # seconds the output is still read for once the command's processes are killed
 
 
 class ProcessSandbox:
@@ -46,21 +55,36 @@ class ProcessSandbox:
         # The interpreter running us goes first on PATH so that `python3` has the same packages (pytest).
         # TMPDIR: the sandbox's /tmp, so that "${TMPDIR:-/tmp}" in a command names what write_file("/tmp/…") wrote.
         path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
-        env = {**os.environ, **self.spec.env, "PATH": path, "TMPDIR": str(self.host_path("/tmp"))}
-        proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", command, cwd=self.host_path(workdir or self.spec.workdir), env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        mark = uuid.uuid4().hex
+        env = {**os.environ, **self.spec.env, "PATH": path, "TMPDIR": str(self.host_path("/tmp")), MARK: mark}
+        # The pipe is ours, not asyncio's: Process.wait() then returns when bash exits, not when the last holder of
+        # the pipe (a daemon) closes it.
+        read_fd, write_fd = os.pipe()
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-            timed_out = False
+            proc = await asyncio.create_subprocess_exec(
+                "bash", "-c", command, cwd=self.host_path(workdir or self.spec.workdir), env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        transport, tail = await _read_tail(read_fd, OUTPUT_CAP)
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
         except TimeoutError:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = await proc.communicate()
             timed_out = True
-        text = out[-OUTPUT_CAP:].decode(errors="replace")
-        code = -1 if timed_out else (proc.returncode if proc.returncode is not None else -1)
-        return CommandResult(text, code, timed_out, len(out) > OUTPUT_CAP, time.monotonic() - start)
+        finally:
+            _kill_command(proc.pid, mark)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(tail.eof), DRAIN_S)
+            transport.close()
+        returncode = await proc.wait()  # at once: bash has exited or was killed
+        code = -1 if timed_out else returncode
+        text = tail.data.decode(errors="replace")
+        return CommandResult(text, code, timed_out, tail.total > OUTPUT_CAP, time.monotonic() - start)
 
     async def read_file(self, path: str) -> bytes:
         """The content of ``path`` (``FileNotFoundError`` if absent)."""
@@ -91,6 +115,62 @@ class ProcessSandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxClosedError(f"sandbox {self.id} was used after close()")
+
+
+class _Tail(asyncio.Protocol):
+    """The last ``cap`` bytes read from a pipe, how many were read in all, and a future set at end of file."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.total = 0
+        self.eof: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        """Keep the tail."""
+        self.total += len(data)
+        self.data += data
+        if len(self.data) > self.cap:
+            del self.data[: -self.cap]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The pipe ended (every writer closed it) or was closed here."""
+        if not self.eof.done():
+            self.eof.set_result(None)
+
+
+async def _read_tail(fd: int, cap: int) -> tuple[asyncio.ReadTransport, _Tail]:
+    """Start reading the pipe ``fd`` (now owned by the returned transport) into a :class:`_Tail`."""
+    pipe = os.fdopen(fd, "rb", buffering=0)
+    return await asyncio.get_running_loop().connect_read_pipe(lambda: _Tail(cap), pipe)
+
+
+def _kill_command(pgid: int, mark: str) -> None:
+    """SIGKILL the process group ``pgid`` and every process whose environment has ``MARK=mark``, until none is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    needle = f"\0{MARK}={mark}\0".encode()
+    for _ in range(100):  # a process forking as it is killed shows up in the next listing
+        marked = [pid for pid in _pids() if needle in b"\0" + _environ(pid) + b"\0"]
+        if not marked:
+            return
+        for pid in marked:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _environ(pid: int) -> bytes:
+    """The environment ``pid`` was started with (empty for zombies and processes we may not read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            return file.read()
+    except OSError:
+        return b""
 
 
 class ProcessBackend:

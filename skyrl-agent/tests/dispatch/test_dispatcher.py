@@ -18,6 +18,7 @@ from skyrl_agent.dispatch import (
     GradeResult,
     GradingError,
     Outcome,
+    PausableClock,
     RunContext,
     StageLimits,
     Timeouts,
@@ -75,10 +76,10 @@ class Harness:
         resolved = episode.data.get("resolved", True)
         return GradeResult(1.0 if resolved else 0.0, bool(resolved))
 
-    def dispatcher(self, llm: LLMClient | None = None, **config: Any) -> Dispatcher:
+    def dispatcher(self, llm: LLMClient | None = None, clock: PausableClock | None = None, **config: Any) -> Dispatcher:
         cfg = DispatcherConfig(backoff=Backoff(base_s=0.001, max_s=0.01), **config)
         llm = llm or ScriptedClient(["thinking", "submit"])
-        return Dispatcher(self.acquire, self.run_agent, self.grade, self.release, llm, cfg)
+        return Dispatcher(self.acquire, self.run_agent, self.grade, self.release, llm, cfg, clock=clock)
 
     def assert_all_released(self) -> None:
         assert sorted(self.released) == sorted(s.id for s in self.acquired)
@@ -321,3 +322,96 @@ def test_policy_table_and_group_drop() -> None:
     ]
     strict = FailurePolicy(max_masked_fraction=0.4)
     assert strict.group_treatments(outcomes[2:], ["b", "b"]) == [Treatment.DROP_GROUP] * 2
+
+
+def test_sandbox_arriving_as_the_episode_is_stopped_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness()
+    d = h.dispatcher()
+    record_success = d.breaker.record_success
+
+    def stop_on_arrival() -> None:
+        # The breaker hears of the new sandbox in the very turn it is returned: stopping here cancels the
+        # episode between the sandbox's arrival and the dispatcher taking ownership of it.
+        d.stop()
+        record_success()
+
+    monkeypatch.setattr(d.breaker, "record_success", stop_on_arrival)
+    out = asyncio.run(d.run([Episode("e")]))
+    assert out.results[0].outcome is Outcome.CANCELLED
+    assert len(h.acquired) == 1
+    h.assert_all_released()
+
+
+class SlowDaemon(Harness):
+    """The first sandbox start takes longer than its deadline; records when each start begins and ends."""
+
+    def __init__(self, first_start_s: float) -> None:
+        super().__init__()
+        self.first_start_s = first_start_s
+        self.events: list[str] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    async def acquire(self, episode: Episode) -> Sandbox:
+        self.acquire_calls += 1
+        n = self.acquire_calls
+        self.events.append(f"start {n}")
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if n == 1:
+                await asyncio.sleep(self.first_start_s)
+            sandbox = FakeSandbox()
+            self.acquired.append(sandbox)
+            return sandbox
+        finally:
+            self.in_flight -= 1
+            self.events.append(f"end {n}")
+
+
+def test_start_timeout_keeps_the_slot_until_the_late_create_ends_and_releases_its_sandbox() -> None:
+    h = SlowDaemon(first_start_s=0.3)
+    d = h.dispatcher(limits=StageLimits(acquire=1), timeouts=Timeouts(sandbox_start_s=0.05))
+    out = asyncio.run(d.run([Episode("e")]))
+    (result,) = out.results
+    assert result.outcome is Outcome.RESOLVED
+    starts = result.trace.named("sandbox_start")  # type: ignore[union-attr]
+    assert [s.error for s in starts] == ["SandboxStartError", None]
+    assert h.events == ["start 1", "end 1", "start 2", "end 2"]  # the retry waited for the slot
+    assert h.peak_in_flight == 1 == d.gauges["acquire"].peak
+    h.assert_all_released()  # the late sandbox too, before run() returned
+
+
+def test_half_open_breaker_lets_one_probe_reach_the_daemon() -> None:
+    h = Harness(acquire_delay=0.01)
+    d = h.dispatcher(limits=StageLimits(acquire=8, run=8, grade=1))
+    now = [0.0]
+    d.breaker = CircuitBreaker(threshold=1, cooldown_s=10.0, time_fn=lambda: now[0])
+    d.breaker.record_failure()  # the daemon was down
+    now[0] = 11.0  # the cooldown is over: half-open
+    out = asyncio.run(d.run(episodes(8, acquire="fail")))
+    assert h.acquire_calls == 1
+    assert {r.outcome for r in out.results} == {Outcome.SANDBOX_ERROR}
+    assert all("CircuitOpenError" in (r.error or "") for r in out.results)
+    assert d.breaker.is_open  # the probe failed: open again
+
+
+def test_queue_time_is_reported_and_not_charged_to_the_episode_deadline() -> None:
+    now = [0.0]
+
+    class Slow(Harness):
+        async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Any:
+            now[0] += 40.0  # each agent run takes 40 s of the episode's 50 s
+            return await super().run_agent(episode, sandbox, llm, ctx)
+
+    h = Slow()
+    limits = StageLimits(acquire=2, run=1, grade=2, prefetch=0)  # the second episode queues behind the first
+    d = h.dispatcher(clock=PausableClock(lambda: now[0]), limits=limits, timeouts=Timeouts(episode_s=50.0))
+    out = asyncio.run(d.run(episodes(2)))
+    assert [r.outcome for r in out.results] == [Outcome.RESOLVED, Outcome.RESOLVED]
+    assert [r.queue_s for r in out.results] == [0.0, 40.0]
+    waits = out.results[1].trace.named("queue_wait")  # type: ignore[union-attr]
+    assert sum(s.duration_s for s in waits) == 40.0
+    assert {s.attrs["slot"] for s in waits} >= {"input", "held", "acquire", "run", "grade"}
+    assert out.metrics["queue_s/max"] == 40.0
+    assert out.metrics["queue_s/mean"] == 20.0

@@ -10,17 +10,26 @@ from typing import Any
 
 import pytest
 
+from skyrl_agent.sandbox import reaper
 from skyrl_agent.sandbox.base import SandboxBackend, SandboxSpec
 
 
 def _managed_containers() -> list[str] | None:
-    """IDs of containers labelled skyrl.managed, or None when Docker is not usable."""
+    """IDs of managed containers whose owner is a backend of this process, or None when Docker is not usable.
+
+    Other processes sharing the daemon (another test session, a run) own theirs: they are not this session's leaks.
+    """
     if shutil.which("docker") is None:
         return None
     proc = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=skyrl.managed"], capture_output=True, text=True, check=False
-    )
-    return proc.stdout.split() if proc.returncode == 0 else None
+        ["docker", "ps", "-a", "--filter", "label=skyrl.managed", "--format", '{{.ID}} {{.Label "skyrl.owner"}}'],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        return None
+    mine = reaper.new_owner_id().rsplit("-", 1)[0] + "-"  # host-pid-
+    rows = (line.partition(" ") for line in proc.stdout.splitlines())
+    return [cid for cid, _, owner in rows if owner.startswith(mine)]
 
 
 @pytest.fixture(scope="session", autouse=True)

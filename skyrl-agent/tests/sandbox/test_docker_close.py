@@ -116,6 +116,16 @@ def test_failed_release_does_not_fail_the_episode() -> None:
     assert out.metrics["release_errors"] == 1.0
 
 
+def test_a_start_is_removed_by_whoever_holds_it_when_its_caller_left() -> None:
+    late = docker_backend._Handoff()
+    assert late.deliver(("container", None))  # the thread handed it over...
+    assert late.abandon() == ("container", None)  # ...just before the caller was cancelled: the caller removes it
+    early = docker_backend._Handoff()
+    assert early.abandon() is None  # the caller left first...
+    assert early.abandoned
+    assert not early.deliver(("container", None))  # ...so the thread keeps, and removes, what it started
+
+
 # -- against the daemon ----------------------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from skyrl_agent.sandbox import reaper
+from skyrl_agent.sandbox import docker_backend, reaper
 from skyrl_agent.sandbox.base import SandboxSpec, SandboxUnavailableError
 from skyrl_agent.sandbox.docker_backend import DockerBackend
 from skyrl_agent.sandbox.pool import WarmPool
@@ -41,7 +41,10 @@ def test_containers_are_labelled_and_hardened() -> None:
             assert labels["skyrl.run"] == "skyrl-test-labels"
             assert labels["skyrl.episode"] == "ep1"
             assert labels["team"] == "x"
-            assert reaper.owner_alive(labels["skyrl.owner"])
+            assert labels["skyrl.owner"] == backend.owner
+            leases = docker_backend.list_leases(backend._client, "skyrl-test-labels")
+            now_s = docker_backend.daemon_time_s(backend._client)
+            assert reaper.live_owners(leases, now_s) == {backend.owner}
             assert host["NetworkMode"] == "none"
             assert host["CapDrop"] == ["ALL"]
             assert host["Init"] is True
@@ -98,22 +101,47 @@ def _exists(cid: str) -> bool:
 
 @pytest.mark.docker
 def test_reap_removes_dead_runs_and_keeps_live_ones() -> None:
-    dead = _start_labelled(f"999999:{reaper.owner().split(':')[1]}:12345")
-    alive = _start_labelled(reaper.owner())
+    client = docker_backend.connect()
+    lease = docker_backend.Lease("skyrl-test-dead", ttl_s=60.0)
+    lease.acquire(client)
+    dead = _start_labelled("an-owner-without-a-lease")
+    alive = _start_labelled(lease.owner)
     try:
         report = reaper.reap("skyrl-test-dead")
         assert dead[:12] in report.containers
         assert not _exists(dead)
         assert _exists(alive)
-        reaper.reap("skyrl-test-dead", dead_only=False)
+        report = reaper.reap("skyrl-test-dead", dead_only=False)
         assert not _exists(alive)
+        assert len(report.leases) == 1  # the live owner's lease went with everything else
     finally:
+        lease.release()
+        client.close()
         subprocess.run(["docker", "rm", "-f", dead, alive], capture_output=True, check=False)
 
 
 @pytest.mark.docker
+def test_a_closed_backend_releases_its_lease() -> None:
+    async def main() -> str:
+        backend = DockerBackend(run_id="skyrl-test-release")
+        try:
+            await backend.create(SPEC)
+            assert len(docker_backend.list_leases(backend._client, "skyrl-test-release")) == 1
+        finally:
+            await backend.close()
+        return backend.owner
+
+    asyncio.run(main())
+    client = docker_backend.connect()
+    try:
+        assert docker_backend.list_leases(client, "skyrl-test-release") == []
+    finally:
+        client.close()
+
+
+@pytest.mark.docker
 @pytest.mark.slow
-def test_sigkilled_run_is_reaped() -> None:
+def test_sigkilled_run_is_reaped_once_its_lease_expires() -> None:
     child = textwrap.dedent(
         """
         import asyncio, sys, time
@@ -128,15 +156,20 @@ def test_sigkilled_run_is_reaped() -> None:
         asyncio.run(main())
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    env = {**os.environ, "SKYRL_LEASE_TTL_S": "2"}
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    report = reaper.reap("skyrl-test-killed")
-    assert len(report.containers) == 2
+    removed: list[str] = []
+    deadline = time.monotonic() + 30
+    while len(removed) < 2 and time.monotonic() < deadline:
+        removed += reaper.reap("skyrl-test-killed").containers
+        time.sleep(0.5)
+    assert len(removed) == 2
     left = subprocess.run(
         ["docker", "ps", "-aq", "--filter", "label=skyrl.run=skyrl-test-killed"], capture_output=True, text=True
     )

@@ -325,3 +325,60 @@ def test_a_report_rewritten_behind_the_harness_is_tampered_even_when_it_does_not
     result = run._verdict(summary, b'n": "call"}\n{"t": "finish", "exit": 0, "collected": 16, "tampered": []}\n', "")
     assert (result.resolved, result.status) == (False, "tampered")
     assert "changed after the harness wrote it" in result.error
+
+
+class _ClosingSandbox:
+    """A process sandbox whose ``close`` first waits ``delay_s``, then closes it, then raises ``error`` if given."""
+
+    def __init__(self, inner, *, delay_s=0.0, error=None):
+        self.inner, self.id, self.delay_s, self.error = inner, inner.id, delay_s, error
+        self.closing, self.closed = asyncio.Event(), False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def close(self):
+        self.closing.set()
+        await asyncio.sleep(self.delay_s)
+        await self.inner.close()
+        self.closed = True
+        if self.error is not None:
+            raise self.error
+
+
+def _factory(made, **kwargs):
+    async def create(spec):
+        sandbox = _ClosingSandbox(await ProcessBackend().create(spec), **kwargs)
+        made.append(sandbox)
+        return sandbox
+
+    return create
+
+
+def test_a_close_failure_after_the_verdict_keeps_the_verdict(caplog):
+    from skyrl_agent.sandbox.base import SandboxError
+
+    made = []
+    error = SandboxError("container c0ffee could not be removed; run `skyrl-agent reap`")
+    with caplog.at_level("WARNING", logger=grading.__name__):
+        result = asyncio.run(Grader(_factory(made, error=error)).grade(TASK, TASK.gold_patch))
+    assert (result.resolved, result.status) == (True, "resolved"), result.error
+    assert made[0].closed
+    assert any("could not be removed" in record.getMessage() for record in caplog.records)
+
+
+def test_the_grading_sandbox_is_closed_to_the_end_when_grading_is_cancelled():
+    made = []
+    grader = Grader(_factory(made, delay_s=0.3))
+
+    async def scenario():
+        grading_task = asyncio.create_task(grader.grade(TASK, TASK.gold_patch))
+        while not made:
+            await asyncio.sleep(0.01)
+        await made[0].closing.wait()
+        grading_task.cancel()  # while the sandbox is being closed
+        with pytest.raises(asyncio.CancelledError):
+            await grading_task
+        return made[0].closed
+
+    assert asyncio.run(scenario())
