@@ -531,29 +531,19 @@ def _target(target: str, limit: str, value: float | None, met: bool | None, fmt:
 
 
 def docker_targets(d: dict[str, Any]) -> list[dict[str, Any]]:
+    def none_of(target: str, key: str) -> dict[str, Any]:
+        return _target(target, "0", d[key], d[key] == 0)
+
     return [
-        _target("episodes lost", "0", d["lost"], d["lost"] == 0),
-        _target("episodes duplicated", "0", d["duplicated"], d["duplicated"] == 0),
-        _target("containers left after the run", "0", d["containers_left"], d["containers_left"] == 0),
-        _target(
-            "containers left when the restarted run's dispatcher returned",
-            "0",
-            d["containers_left_when_dispatch_returned"],
-            d["containers_left_when_dispatch_returned"] == 0,
+        none_of("episodes lost", "lost"),
+        none_of("episodes duplicated", "duplicated"),
+        none_of("containers left after the run", "containers_left"),
+        none_of(
+            "containers left when the restarted run's dispatcher returned", "containers_left_when_dispatch_returned"
         ),
-        _target(
-            "killed run's containers after the restart's reap",
-            "0",
-            d["killed_run_containers_after_reap"],
-            d["killed_run_containers_after_reap"] == 0,
-        ),
-        _target("infrastructure faults blamed on the agent", "0", d["blamed_on_agent"], d["blamed_on_agent"] == 0),
-        _target(
-            "episodes failed fast by the open circuit breaker",
-            "0",
-            d["failed_fast_by_open_circuit"],
-            d["failed_fast_by_open_circuit"] == 0,
-        ),
+        none_of("killed run's containers after the restart's reap", "killed_run_containers_after_reap"),
+        none_of("infrastructure faults blamed on the agent", "blamed_on_agent"),
+        none_of("episodes failed fast by the open circuit breaker", "failed_fast_by_open_circuit"),
         _target("Docker daemon restarted mid-run", "yes", None, d["daemon"]["restarted"]),
     ]
 

@@ -29,12 +29,12 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LANES", "Span", "Timeline", "union_length"]
+__all__ = ["LANES", "Span", "Timeline", "span_on", "union_length"]
 
 LANES = ("step", "trainer", "sync", "engine", "env")  # drawn in this order; other lanes follow alphabetically
 TRACE_FILE = "trace.json"
@@ -171,3 +171,8 @@ class Timeline:
         out.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out, dpi=100)
         return out
+
+
+def span_on(timeline: Timeline | None, lane: str, name: str) -> AbstractContextManager[None]:
+    """:meth:`Timeline.span` when there is a timeline; a context that records nothing otherwise."""
+    return timeline.span(lane, name) if timeline is not None else nullcontext()

@@ -44,7 +44,6 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
@@ -74,7 +73,7 @@ from skyrl_train.experience import Experience, to_experience
 from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutput
 from skyrl_train.inference.base import InferenceEngine, SamplingParams
 from skyrl_train.objective import Objective, add_token_weights, make_loss_fn, make_value_loss_fn
-from skyrl_train.timeline import Timeline
+from skyrl_train.timeline import Timeline, span_on
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -202,28 +201,28 @@ class Trainer:
             await asyncio.sleep(0)  # let it send its first requests before the update takes the thread
         if self.handover is not None:
             start = time.monotonic()
-            with self._span("sync", "hand-over"):
+            with span_on(self.timeline, "sync", "hand-over"):
                 await self.handover.to_training()
             timings["timing/handover_s"] = time.monotonic() - start
         start = time.monotonic()
         reuse = self._reuses_update_forward(experience)
-        with self._span("trainer", "prepare"):
+        with span_on(self.timeline, "trainer", "prepare"):
             await self._computed(self._prepare, experience, metrics, old_log_probs=not reuse)
         timings["timing/prepare_s"] = time.monotonic() - start
         start = time.monotonic()
-        with self._span("trainer", "update"):
+        with span_on(self.timeline, "trainer", "update"):
             metrics.update(await self._computed(self._update, experience, reuse_forward=reuse))
         timings["timing/update_s"] = time.monotonic() - start
         if self.handover is not None:
             start = time.monotonic()
-            with self._span("sync", "hand-over"):
+            with span_on(self.timeline, "sync", "hand-over"):
                 await self.handover.to_generation()  # the engines must be awake to load the new weights
             timings["timing/handover_s"] += time.monotonic() - start
         if self._ahead is not None:  # the rollouts generated ahead use the old weights to their end
             start = time.monotonic()
             await asyncio.wait({self._ahead.rollout})
             timings["timing/wait_ahead_s"] = time.monotonic() - start
-        with self._span("sync", "weight sync"):
+        with span_on(self.timeline, "sync", "weight sync"):
             timings["timing/weight_sync_s"] = await self.sync_weights()
         metrics["async/staleness"] = float(self.global_step - version)
         self.global_step += 1
@@ -263,9 +262,6 @@ class Trainer:
 
     def _now(self) -> float:
         return self.timeline.now() if self.timeline is not None else 0.0
-
-    def _span(self, lane: str, name: str) -> AbstractContextManager[None]:
-        return self.timeline.span(lane, name) if self.timeline is not None else nullcontext()
 
     async def _computed(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, on the compute thread when there is one (see ``skyrl_train.compute_thread``).

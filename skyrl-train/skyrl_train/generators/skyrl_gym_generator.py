@@ -53,7 +53,7 @@ import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -63,6 +63,7 @@ from skyrl_train.generators.base import FAILURE_STOP_REASONS, GeneratorInput, Ge
 from skyrl_train.generators.chat import ChatEncoder
 from skyrl_train.generators.envs import make_env
 from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
+from skyrl_train.timeline import span_on
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -459,7 +460,7 @@ class SkyRLGymGenerator:
         prompts = [r.prompt_ids + r.response_ids for r in rollouts]
         start = time.perf_counter()
         try:
-            with self._span("engine", "generate"):
+            with span_on(self.timeline, "engine", "generate"):
                 outputs = await self.engine.generate(prompts, params)
         except Exception as exc:
             raise EngineError(f"engine.generate raised {type(exc).__name__}: {exc}") from exc
@@ -536,15 +537,12 @@ class SkyRLGymGenerator:
         """Await one env call, charging its time to the rollout and turning its exceptions into :class:`EnvError`."""
         start = time.perf_counter()
         try:
-            with self._span("env", what):
+            with span_on(self.timeline, "env", what):
                 return await call()
         except Exception as exc:
             raise EnvError(f"{rollout.env_class} {what} raised {type(exc).__name__}: {exc}") from exc
         finally:
             rollout.env_time_s += time.perf_counter() - start
-
-    def _span(self, lane: str, name: str) -> AbstractContextManager[None]:
-        return self.timeline.span(lane, name) if self.timeline is not None else nullcontext()
 
     async def _finish(self, rollout: _Rollout) -> None:
         """Read the env's metrics and close it, each bounded by ``close_timeout_s``; failures are recorded."""
