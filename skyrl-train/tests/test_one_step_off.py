@@ -28,7 +28,8 @@ class OrderedRewards(ScriptedRewards):
     async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
         uids = sorted({t.rsplit(":", 1)[0] for t in batch.trajectory_ids})
         self.log.append(f"generate {','.join(uids)} (step {batch.global_step})")
-        await asyncio.sleep(0.05)  # a rollout takes time: the update runs meanwhile
+        while batch.global_step > 0 and "update" not in self.log:
+            await asyncio.sleep(0.005)  # a rollout generated ahead finishes only once the update has begun
         output = await super().generate(batch)
         self.log.append(f"done {','.join(uids)}")
         return output
