@@ -228,7 +228,9 @@ def main(tasks: Sequence[SWETask], backend_name: str, options: RunOptions) -> in
         from skyrl_agent.sandbox.docker_backend import DockerBackend
 
         reaper.install_reaper(options.run_id)
-        backend: SandboxBackend = DockerBackend(run_id=options.run_id)  # type: ignore[assignment]
+        # A sandbox nobody closed goes when the deadlines its dispatcher keeps it alive for have passed.
+        lifetime_s = DispatcherConfig().timeouts.sandbox_lifetime_s
+        backend: SandboxBackend = DockerBackend(run_id=options.run_id, lifetime_s=lifetime_s)  # type: ignore[assignment]
     else:
         backend = make_backend(backend_name)
 

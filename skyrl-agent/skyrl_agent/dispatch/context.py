@@ -25,6 +25,17 @@ class Timeouts:
     sandbox_start_s: float | None = 600.0  # one try of acquire() (None: a start may take forever)
     grade_s: float | None = 1800.0  # grading one episode
 
+    @property
+    def sandbox_lifetime_s(self) -> float | None:
+        """Active seconds an attempt holds its sandbox from its run slot on: the episode, then grading headroom.
+
+        The one deadline model: the episode deadline plus the grading deadline, both in active time, so a pause
+        extends the lifetime exactly as it extends them. ``None`` when either is unbounded.
+        """
+        if self.episode_s is None or self.grade_s is None:
+            return None
+        return self.episode_s + self.grade_s
+
 
 @dataclass
 class RunContext:

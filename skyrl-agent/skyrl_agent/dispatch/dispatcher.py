@@ -13,6 +13,12 @@ still returns is released, and :meth:`Dispatcher.run` returns only after that.
 Time: the episode deadline starts when the episode gets its run (agent) slot. Waiting for a slot (the input
 queue, the held, acquire, run and grade slots) is queue time, charged to no deadline and reported apart: as
 ``queue_wait`` spans, as ``EpisodeResult.queue_s`` and in the ``queue_s/*`` metrics.
+
+Lifetime: one deadline model for the sandbox too. A sandbox whose backend ends it on its own
+(:class:`~skyrl_agent.sandbox.base.ExpiringSandbox`) is promised ``Timeouts.sandbox_lifetime_s`` (the episode
+deadline plus the grading deadline, in active time) when it starts and again when its run slot begins; at least
+``grade_s`` more when its grade slot begins; and, on every :meth:`Dispatcher.resume`, what remains of that
+promise in active time, so a weight-sync pause extends the sandbox exactly as it extends the deadlines.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from skyrl_agent.dispatch.outcomes import (
 from skyrl_agent.dispatch.retry import Backoff, CircuitBreaker, CircuitOpenError, retry_infra
 from skyrl_agent.dispatch.trace import Trace
 from skyrl_agent.llm.base import LLMClient
-from skyrl_agent.sandbox.base import Sandbox, SandboxStartError
+from skyrl_agent.sandbox.base import ExpiringSandbox, Sandbox, SandboxStartError
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +123,7 @@ class DispatcherConfig:
     backoff: Backoff = field(default_factory=Backoff)
     breaker_threshold: int = 10  # consecutive infrastructure failures that stop retries
     breaker_cooldown_s: float = 30.0
+    breaker_wait_s: float = 120.0  # an outage this young makes starts wait for the circuit, not fail (0: fail fast)
     policy: FailurePolicy = DEFAULT_POLICY
     seed: int = 0  # for retry jitter
 
@@ -223,6 +230,7 @@ class Dispatcher:
         self._stopping = False
         self._inflight: set[asyncio.Task[EpisodeResult]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
+        self._needed: dict[int, tuple[ExpiringSandbox, Deadline]] = {}  # expiring sandboxes held, and for how long
 
     # -- control -------------------------------------------------------------------------------------------
 
@@ -231,8 +239,10 @@ class Dispatcher:
         self.clock.pause()
 
     def resume(self) -> None:
-        """Restart the clock and release held LLM calls; idempotent."""
+        """Restart the clock and release held LLM calls; idempotent. Held sandboxes are kept alive for the pause."""
         self.clock.resume()
+        for sandbox, need in list(self._needed.values()):
+            _keep_alive(sandbox, need.remaining_s())
 
     def stop(self) -> None:
         """End the current :meth:`run` early: running episodes and those not started end as ``cancelled``."""
@@ -323,8 +333,8 @@ class Dispatcher:
         while True:
             result = await self._attempt(episode, trace, attempt, sems, throttler)
             retry = self.config.policy.should_retry(result.outcome, attempt)
-            if not retry or isinstance(result.exception, CircuitOpenError) or self.breaker.is_open:
-                return result
+            if not retry or isinstance(result.exception, CircuitOpenError):
+                return result  # a re-run would meet the circuit that already failed this one
             with trace.span("retry_wait", attempt=attempt):
                 await asyncio.sleep(self.config.backoff.delay_s(attempt, self._rng))
             attempt += 1
@@ -339,14 +349,17 @@ class Dispatcher:
     ) -> EpisodeResult:
         timeouts = self.config.timeouts
         sandbox: Sandbox | None = None
+        trajectory: TrajectoryLike | None = None
         stage = "acquire"
         try:
             async with self.gauges["held"].hold(sems["held"], trace, attempt):
                 sandbox = await self._acquire(episode, trace, sems["acquire"], throttler, attempt)
+                self._promise(sandbox, timeouts.sandbox_lifetime_s)  # through the wait for a run slot
                 stage = "agent"
                 async with self.gauges["run"].hold(sems["run"], trace, attempt):
                     # The episode deadline starts now: queueing for this slot is not the episode's time.
                     ctx = RunContext(clock=self.clock, timeouts=timeouts, trace=trace)
+                    lifetime = self._promise(sandbox, timeouts.sandbox_lifetime_s)
                     with trace.span("agent", attempt=attempt):
                         # The episode deadline also bounds run_agent functions that ignore the context.
                         run = self._run_fn(episode, sandbox, self._client(episode, ctx), ctx)
@@ -356,6 +369,7 @@ class Dispatcher:
                 return self._result(episode, ungraded, attempt, trace, trajectory=trajectory)
             stage = "grade"
             async with self.gauges["grade"].hold(sems["grade"], trace, attempt):
+                self._promise(sandbox, _at_least(lifetime, timeouts.grade_s))
                 with trace.span("grade", attempt=attempt):
                     grading = self._grade_fn(episode, sandbox, trajectory)
                     graded = await within(grading, Deadline(self.clock, timeouts.grade_s, "grade"))
@@ -365,9 +379,13 @@ class Dispatcher:
         except Exception as exc:
             logger.info("episode %s attempt %d failed in %s: %r", episode.id, attempt, stage, exc)
             outcome = classify_error(exc, stage)
-            return self._result(episode, outcome, attempt, trace, error=f"{stage}: {exc!r}", exception=exc)
+            kept = trajectory if outcome is Outcome.AGENT_BROKE_SANDBOX else None  # trained on: keep its tokens
+            return self._result(
+                episode, outcome, attempt, trace, trajectory=kept, error=f"{stage}: {exc!r}", exception=exc
+            )
         finally:
             if sandbox is not None:
+                self._needed.pop(id(sandbox), None)
                 await self._release(sandbox, trace)
 
     async def _acquire(
@@ -378,7 +396,21 @@ class Dispatcher:
         async def one_try() -> Sandbox:
             return await self._start_one(episode, trace, sem, throttler, attempt)
 
-        return await retry_infra(one_try, self.config.backoff, self.breaker, self._rng)
+        async def admit() -> None:
+            await self._admitted(trace, attempt)
+
+        return await retry_infra(one_try, self.config.backoff, self.breaker, self._rng, admit=admit)
+
+    async def _admitted(self, trace: Trace, attempt: int) -> None:
+        """Pass the circuit breaker; while the outage is young, wait for it (a ``queue_wait`` span: ``breaker``)."""
+        try:
+            self.breaker.check()
+            return
+        except CircuitOpenError:
+            if self.breaker.outage_s >= self.config.breaker_wait_s:
+                raise
+        with trace.span("queue_wait", slot="breaker", attempt=attempt):
+            await self.breaker.admit(self.config.breaker_wait_s)
 
     async def _start_one(
         self, episode: Episode, trace: Trace, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
@@ -444,6 +476,14 @@ class Dispatcher:
             self.release_errors += 1
             logger.exception("releasing sandbox %s failed; the reaper will find it by label", sandbox.id)
 
+    def _promise(self, sandbox: Sandbox, budget_s: float | None) -> Deadline:
+        """Tell an expiring ``sandbox`` it is needed ``budget_s`` active seconds more (renewed on resume)."""
+        need = Deadline(self.clock, budget_s, "sandbox")
+        if budget_s is not None and isinstance(sandbox, ExpiringSandbox):
+            self._needed[id(sandbox)] = (sandbox, need)
+            _keep_alive(sandbox, budget_s)
+        return need
+
     def _client(self, episode: Episode, ctx: RunContext) -> LLMClient:
         inner = self._llm if isinstance(self._llm, LLMClient) else self._llm(episode)
         return GuardedLLM(inner, ctx)
@@ -474,3 +514,17 @@ class Dispatcher:
         for name, gauge in self.gauges.items():
             metrics[f"stage/{name}/peak"] = float(gauge.peak)
         return metrics
+
+
+def _at_least(need: Deadline, budget_s: float | None) -> float | None:
+    """The larger of what remains of ``need`` and ``budget_s`` (None: unbounded)."""
+    if need.budget_s is None or budget_s is None:
+        return None
+    return max(need.remaining_s(), budget_s)
+
+
+def _keep_alive(sandbox: ExpiringSandbox, seconds: float) -> None:
+    try:
+        sandbox.keep_alive(max(seconds, 0.0))
+    except Exception:  # the sandbox may expire early; the episode then fails as a dead sandbox, not here
+        logger.exception("keeping sandbox %s alive failed", getattr(sandbox, "id", "?"))

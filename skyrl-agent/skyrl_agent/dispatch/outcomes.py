@@ -22,6 +22,7 @@ from skyrl_agent.dispatch.clock import DeadlineExceeded
 from skyrl_agent.dispatch.retry import CircuitOpenError
 from skyrl_agent.llm.base import LLMError
 from skyrl_agent.sandbox.base import SandboxError
+from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -121,8 +122,17 @@ DEFAULT_POLICY = FailurePolicy()
 
 
 def classify_error(exc: BaseException, stage: str) -> Outcome:
-    """The outcome of an episode that ended with ``exc`` raised in ``stage`` (``acquire``, ``agent``, ``grade``)."""
+    """The outcome of an episode that ended with ``exc`` raised in ``stage`` (``acquire``, ``agent``, ``grade``).
+
+    In grading, a sandbox that died is told apart like one that died under the agent: ended from the inside by a
+    command of the grade (the only code there that is not ours is the agent's own work) it is the agent's doing;
+    lost otherwise, the infrastructure's, and retried. Every other grading failure is ``grading_error``.
+    """
     if stage == "grade":
+        if isinstance(exc, CommandBrokeSandboxError):
+            return Outcome.AGENT_BROKE_SANDBOX
+        if isinstance(exc, SandboxError) and not isinstance(exc, CircuitOpenError):
+            return Outcome.SANDBOX_ERROR
         return Outcome.GRADING_ERROR
     if isinstance(exc, DeadlineExceeded):
         return Outcome.TIMED_OUT

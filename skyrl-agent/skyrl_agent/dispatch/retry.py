@@ -8,11 +8,17 @@ for ``cooldown_s`` seconds, then exactly one probe is let through::
     closed ──threshold consecutive failures──► open ──cooldown_s──► half-open ──probe succeeds──► closed
                                                 ▲                       │
                                                 └────probe fails────────┘   (every other caller fails fast)
+
+Failing fast protects the daemon, but a queue of episodes that all fail at once during a 2 s daemon restart turns
+a whole batch into masked errors. :meth:`CircuitBreaker.admit` therefore lets a caller *wait* for the circuit
+while the outage is young: until ``wait_s`` seconds after the circuit first opened (one budget per outage, not
+per caller, so a dead daemon fails the queue fast once the budget is spent), then it fails fast as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -73,6 +79,8 @@ class CircuitBreaker:
         self.failures = 0
         self._opened_at: float | None = None
         self._probe: tuple[asyncio.Task[Any] | None, float] | None = None  # (its task, when it was admitted)
+        self._outage_since: float | None = None  # when the circuit first opened since it was last closed
+        self._verdict: asyncio.Event | None = None  # set (and replaced) on every success or failure
         self.trips = 0  # how often it opened (a metric)
 
     @property
@@ -113,19 +121,66 @@ class CircuitBreaker:
                 )
         self._probe = (caller, now)
 
+    @property
+    def outage_s(self) -> float:
+        """Seconds since the circuit first opened, through any failed probes; 0 while closed."""
+        return 0.0 if self._outage_since is None else self._time() - self._outage_since
+
+    async def admit(self, wait_s: float) -> None:
+        """Like :meth:`check`, but wait for the circuit while the outage is younger than ``wait_s`` seconds.
+
+        Wakes on every verdict and at the end of each cooldown (and of a probe's allowance), so a waiter that is
+        admitted becomes the probe or finds the circuit closed.
+
+        Raises:
+            CircuitOpenError: The circuit is open and the outage is ``wait_s`` seconds old or more.
+        """
+        while True:
+            try:
+                self.check()
+                return
+            except CircuitOpenError:
+                budget_s = wait_s - self.outage_s
+                if budget_s <= 0:
+                    raise
+            verdict = self._verdict_event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(verdict.wait(), timeout=min(budget_s, self._next_change_s()))
+
+    def _next_change_s(self) -> float:
+        """Seconds until the state may change without a verdict: the cooldown's end, or a probe's write-off."""
+        now = self._time()
+        since = self._probe[1] if self._probe is not None else (self._opened_at or now)
+        return max(since + self.cooldown_s - now, 0.001)
+
+    def _verdict_event(self) -> asyncio.Event:
+        if self._verdict is None:
+            self._verdict = asyncio.Event()
+        return self._verdict
+
+    def _announce(self) -> None:
+        if self._verdict is not None:
+            self._verdict.set()
+            self._verdict = None
+
     def record_success(self) -> None:
         """An attempt succeeded: close the circuit."""
         self.failures = 0
         self._opened_at = None
+        self._outage_since = None
         self._probe = None
+        self._announce()
 
     def record_failure(self) -> None:
         """An infrastructure failure happened; while a probe is out it reopens the circuit at once."""
         self.failures += 1
         if self._probe is not None or (self._opened_at is None and self.failures >= self.threshold):
             self._opened_at = self._time()
+            if self._outage_since is None:
+                self._outage_since = self._opened_at
             self._probe = None
             self.trips += 1
+        self._announce()
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -150,15 +205,27 @@ async def retry_infra(
     *,
     on_retry: Callable[[int, BaseException, float], None] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    admit: Callable[[], Awaitable[None]] | None = None,
 ) -> T:
     """Call ``attempt_fn`` up to ``backoff.max_attempts`` times, retrying infrastructure errors only.
 
     Other exceptions propagate at once. ``on_retry(attempt, error, delay_s)`` is called before each wait.
+    ``admit()`` is awaited before each try (default: ``breaker.check``, failing fast while the circuit is open).
+    A try that raises :class:`CircuitOpenError` itself (the circuit opened while it waited for a slot) is not
+    counted: it is admitted again, and ``admit`` decides whether to wait or fail.
     """
-    for attempt in range(1, backoff.max_attempts + 1):
-        breaker.check()
+    attempt = 1
+    while attempt <= backoff.max_attempts:
+        if admit is None:
+            breaker.check()
+        else:
+            await admit()
         try:
             result = await attempt_fn()
+        except CircuitOpenError:
+            if admit is None:
+                raise
+            continue
         except Exception as exc:
             if not is_infra_error(exc):
                 raise
@@ -169,6 +236,7 @@ async def retry_infra(
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
             await sleep(delay)
+            attempt += 1
         else:
             breaker.record_success()
             return result

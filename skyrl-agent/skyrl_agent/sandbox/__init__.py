@@ -5,6 +5,7 @@ Backends import lazily: ``docker_backend`` needs the docker SDK, ``local_backend
 
 from skyrl_agent.sandbox.base import (
     CommandResult,
+    ExpiringSandbox,
     Sandbox,
     SandboxBackend,
     SandboxClosedError,
@@ -21,6 +22,7 @@ from skyrl_agent.sandbox.pool import WarmPool
 __all__ = [
     "BASE_IMAGE",
     "CommandResult",
+    "ExpiringSandbox",
     "ImageBuildError",
     "ImageRecipe",
     "InMemoryBackend",

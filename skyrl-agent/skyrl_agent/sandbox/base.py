@@ -99,6 +99,19 @@ class Sandbox(Protocol):
 
 
 @runtime_checkable
+class ExpiringSandbox(Protocol):
+    """A sandbox its backend ends on its own once it is not kept alive (a lifetime; hosted platforms have one).
+
+    The dispatcher says how long it still needs the sandbox at each point where that changes (started, run slot,
+    grade slot, resumed after a pause); the backend must not end it sooner. Seconds are wall seconds from now.
+    """
+
+    def keep_alive(self, seconds: float) -> None:
+        """Do not end this sandbox for at least ``seconds`` from now (an earlier promise is never shortened)."""
+        ...
+
+
+@runtime_checkable
 class SandboxBackend(Protocol):
     """Creates sandboxes (and their forks) of one kind."""
 

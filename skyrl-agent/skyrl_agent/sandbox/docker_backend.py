@@ -20,6 +20,7 @@ import atexit
 import calendar
 import contextlib
 import logging
+import math
 import os
 import shutil
 import socket
@@ -220,6 +221,11 @@ class DockerSandbox:
         self._shell = shell
         self._closed = False  # no more use: set as close() begins
         self._done = False  # close() went to the end: the container is gone, or its removal failed for good
+        self.expires_at = math.inf  # time.monotonic() after which the backend removes it (never without lifetime_s)
+
+    def keep_alive(self, seconds: float) -> None:
+        """Do not remove this sandbox for its lifetime for at least ``seconds`` from now (never shortened)."""
+        self.expires_at = max(self.expires_at, time.monotonic() + seconds)
 
     async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
         """Run ``command`` through the command runner; its process group is killed in the container at ``timeout_s``."""
@@ -280,6 +286,10 @@ class DockerBackend:
         lease_ttl_s: how long the backend's lease lasts unrenewed (default: :func:`reaper.lease_ttl_s`).
         log_max_size: size of one file of a container's json-file log (docker units: ``"16m"``).
         log_max_files: log files kept per container.
+        lifetime_s: seconds after its start (or after the last :meth:`DockerSandbox.keep_alive` promise) at which
+            an open sandbox is removed, so that a holder that never closes one leaks nothing while its process
+            lives (the lease reaper covers the process's death). ``None``: no lifetime. The dispatcher keeps the
+            sandboxes it holds alive through its deadlines and pauses (``Timeouts.sandbox_lifetime_s``).
 
     The backend owns (``skyrl.owner``) what it creates and holds a :class:`Lease` from its first ``create`` to
     its ``close``. ``close`` removes the sandboxes still open and the snapshot images this backend committed, then
@@ -297,9 +307,15 @@ class DockerBackend:
         lease_ttl_s: float | None = None,
         log_max_size: str = LOG_MAX_SIZE,
         log_max_files: int = LOG_MAX_FILES,
+        lifetime_s: float | None = None,
     ) -> None:
         if lease_ttl_s is not None and lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be a positive number of seconds, got {lease_ttl_s:g}")
+        if lifetime_s is not None and lifetime_s <= 0:
+            raise ValueError(f"lifetime_s must be a positive number of seconds (or None), got {lifetime_s:g}")
+        self.lifetime_s = lifetime_s
+        self.expired: list[str] = []  # ids of sandboxes removed because their lifetime passed
+        self._expiry: asyncio.Task[None] | None = None
         self.run_id = run_id or reaper.default_run_id()
         self._client: Any = None
         self._connecting = asyncio.Lock()
@@ -339,6 +355,9 @@ class DockerBackend:
         container, attached = started
         sandbox = DockerSandbox(self, container, spec, self._shell_for(container, spec))
         self._open[container.id] = sandbox
+        if self.lifetime_s is not None:
+            sandbox.expires_at = time.monotonic() + self.lifetime_s
+            self._watch_lifetimes()
         try:
             await sandbox._shell.start(spec.workdir, opener=_attached_opener(attached) if attached else None)
         except BaseException as exc:
@@ -393,6 +412,10 @@ class DockerBackend:
         Every removal is attempted; then the first failure is raised as :class:`SandboxError` (what stayed is
         reapable at once: its owner's lease is gone).
         """
+        expiry, self._expiry = self._expiry, None
+        if expiry is not None:
+            expiry.cancel()
+            await asyncio.gather(expiry, return_exceptions=True)
         results = await asyncio.gather(*(s.close() for s in list(self._open.values())), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         images, self._images = self._images, []
@@ -407,6 +430,26 @@ class DockerBackend:
             await asyncio.to_thread(self._lease.release)
         if errors:
             raise errors[0]
+
+    def _watch_lifetimes(self) -> None:
+        if self._expiry is None or self._expiry.done():
+            self._expiry = asyncio.ensure_future(self._remove_expired())
+
+    async def _remove_expired(self) -> None:
+        """Remove open sandboxes whose lifetime passed, until none is open; a new create starts it again."""
+        while self._open:
+            now = time.monotonic()
+            due = [sandbox for sandbox in self._open.values() if sandbox.expires_at <= now]
+            for sandbox in due:
+                log.warning(
+                    "docker sandbox %s was not closed within its lifetime (%g s unless kept alive); removing it",
+                    sandbox.id, self.lifetime_s,
+                )  # fmt: skip
+                self.expired.append(sandbox.id)
+                with contextlib.suppress(SandboxError):  # a failed removal is in ``leaked`` already
+                    await sandbox.close()
+            nearest = min((sandbox.expires_at for sandbox in self._open.values()), default=now + 1.0)
+            await asyncio.sleep(min(max(nearest - time.monotonic(), 0.05), 5.0))
 
     async def _connect(self) -> Any:
         """The client, with the lease held (both made on first use; the lease again after ``close``)."""

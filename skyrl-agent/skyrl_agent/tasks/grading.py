@@ -20,9 +20,12 @@ A run that hits its time limit is retried once, alone (no other grading of the s
 meanwhile), with a limit derived from the task's reference time: a run that timed out because the machine was
 busy is not a reward of 0. If the retry times out too, the patch is at fault: ``timeout``, unresolved.
 
-Sandbox infrastructure failures (:class:`~skyrl_agent.sandbox.base.SandboxError`) propagate: they say nothing
-about the patch and the caller decides whether to retry. The grading sandbox is closed on every exit path, to the
-end even when the grading is cancelled meanwhile; a close that fails after the verdict was reached is logged and
+A sandbox that the test run ends from the inside (:class:`~skyrl_agent.sandbox.shell.CommandBrokeSandboxError`:
+the patched code killed every process, or wrote into the runner's channel) is ``broke_sandbox``, unresolved: it
+says something about the patch, and masking it would reward a patch that kills its grader. Other sandbox
+infrastructure failures (:class:`~skyrl_agent.sandbox.base.SandboxError`) propagate: they say nothing about
+the patch and the caller decides whether to retry. The grading sandbox is closed on every exit path, to the end
+even when the grading is cancelled meanwhile; a close that fails after the verdict was reached is logged and
 the verdict kept (the verdict is sound, and the sandbox is the backend's to reap).
 """
 
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxBackend, SandboxSpec
+from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 from skyrl_agent.tasks.format import SWETask, parse_test_command, repo_files
 from skyrl_agent.tasks.policy import patch_paths, protected, violations
 from skyrl_agent.tasks.workspace import GIT, WorkspaceError, prepare_workspace, write_repo
@@ -78,7 +82,8 @@ class GradeResult:
 
     ``status`` is ``resolved``, ``unresolved``, ``patch_rejected`` (the patch policy forbids the diff),
     ``patch_failed`` (the diff did not apply), ``timeout`` (the hidden tests ran past the limit twice),
-    ``tampered`` (the test run's report was forged or its tripwire fired) or ``error`` (the task itself is
+    ``tampered`` (the test run's report was forged or its tripwire fired), ``broke_sandbox`` (the test run, which
+    runs the patch's code, ended the sandbox from the inside) or ``error`` (the task itself is
     broken: its hidden tests do not apply, or the harness could not run).
     """
 
@@ -291,7 +296,12 @@ class _Run:
         pytest_args = shlex.join(["--", *without_summary(command.args), *test_targets(task)])
         clean = "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; rm -rf .pytest_cache ; "
         run = f'{clean}{supervisor} {options} {child} --guard "$d/guard" {pytest_args}'
-        result = await self._sh(run, timeout_s=self.limit + 60)
+        try:
+            result = await self._sh(run, timeout_s=self.limit + 60)
+        except CommandBrokeSandboxError as exc:
+            # This command runs the patch's code: a sandbox it ended from the inside is the patch's doing.
+            error = f"the patched code ended the grading sandbox from the inside: {exc}"
+            return GradeResult(task.id, False, "broke_sandbox", error=error)
         summary = _summary(result.output, self.token)
         if summary is None:
             why = " (the sandbox command timed out)" if result.timed_out else ""

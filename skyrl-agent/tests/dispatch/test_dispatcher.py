@@ -219,7 +219,8 @@ def test_sandbox_death_reruns_episode_then_masks() -> None:
 
 def test_circuit_breaker_stops_retry_storm() -> None:
     h = Harness()
-    d = h.dispatcher(breaker_threshold=3, breaker_cooldown_s=60, limits=StageLimits(acquire=1, run=1, grade=1))
+    limits = StageLimits(acquire=1, run=1, grade=1)
+    d = h.dispatcher(breaker_threshold=3, breaker_cooldown_s=60, breaker_wait_s=0.0, limits=limits)
     out = asyncio.run(d.run(episodes(30, acquire="fail")))
     assert {r.outcome for r in out.results} == {Outcome.SANDBOX_ERROR}
     assert h.acquire_calls <= 3 + 1  # the threshold, then at most one probe
@@ -384,7 +385,7 @@ def test_start_timeout_keeps_the_slot_until_the_late_create_ends_and_releases_it
 
 def test_half_open_breaker_lets_one_probe_reach_the_daemon() -> None:
     h = Harness(acquire_delay=0.01)
-    d = h.dispatcher(limits=StageLimits(acquire=8, run=8, grade=1))
+    d = h.dispatcher(limits=StageLimits(acquire=8, run=8, grade=1), breaker_wait_s=0.0)
     now = [0.0]
     d.breaker = CircuitBreaker(threshold=1, cooldown_s=10.0, time_fn=lambda: now[0])
     d.breaker.record_failure()  # the daemon was down
@@ -415,3 +416,154 @@ def test_queue_time_is_reported_and_not_charged_to_the_episode_deadline() -> Non
     assert {s.attrs["slot"] for s in waits} >= {"input", "held", "acquire", "run", "grade"}
     assert out.metrics["queue_s/max"] == 40.0
     assert out.metrics["queue_s/mean"] == 20.0
+
+
+class Outage(Harness):
+    """A daemon that is down from the first failed start for ``down_s`` seconds, then answers again."""
+
+    def __init__(self, down_s: float) -> None:
+        super().__init__(acquire_delay=0.001)
+        self.down_s = down_s
+        self.down_since: float | None = None
+        self.failed_calls = 0
+
+    async def acquire(self, episode: Episode) -> Sandbox:
+        loop = asyncio.get_running_loop()
+        if self.down_since is None:
+            self.down_since = loop.time()
+        if loop.time() - self.down_since < self.down_s:
+            self.failed_calls += 1
+            raise SandboxStartError("connection refused: the daemon restarts")
+        return await super().acquire(episode)
+
+
+def test_an_outage_shorter_than_the_breaker_wait_does_not_drain_the_queue() -> None:
+    h = Outage(down_s=0.3)
+    limits = StageLimits(acquire=2, run=2, grade=2, prefetch=0)
+    d = h.dispatcher(breaker_threshold=3, breaker_cooldown_s=0.1, breaker_wait_s=30.0, limits=limits)
+    out = asyncio.run(d.run(episodes(40)))
+    assert [r.outcome for r in out.results] == [Outcome.RESOLVED] * 40
+    assert out.metrics["breaker_trips"] >= 1
+    assert h.failed_calls <= 3 + 4  # the open circuit kept the queue off the daemon: the threshold, then probes
+    waited = [s for r in out.results for s in r.trace.named("queue_wait") if s.attrs["slot"] == "breaker"]  # type: ignore[union-attr]
+    assert waited, "episodes waited for the circuit as queue time"
+    h.assert_all_released()
+
+
+def test_an_outage_longer_than_the_breaker_wait_fails_fast_after_it() -> None:
+    h = Outage(down_s=3600.0)
+    limits = StageLimits(acquire=2, run=2, grade=2, prefetch=0)
+    d = h.dispatcher(breaker_threshold=3, breaker_cooldown_s=0.05, breaker_wait_s=0.3, limits=limits)
+    loop_time: list[float] = []
+
+    async def timed() -> Any:
+        start = asyncio.get_running_loop().time()
+        out = await d.run(episodes(200))
+        loop_time.append(asyncio.get_running_loop().time() - start)
+        return out
+
+    out = asyncio.run(timed())
+    assert {r.outcome for r in out.results} == {Outcome.SANDBOX_ERROR}
+    # One outage budget for the whole run, not one per episode: 200 episodes do not wait 0.3 s each in turn.
+    assert loop_time[0] < 0.3 * 200 / 8
+    assert h.failed_calls < 30
+
+
+def test_breaker_wait_zero_keeps_failing_fast() -> None:
+    h = Outage(down_s=3600.0)
+    d = h.dispatcher(breaker_threshold=3, breaker_cooldown_s=60, breaker_wait_s=0.0)
+    out = asyncio.run(d.run(episodes(30)))
+    assert {r.outcome for r in out.results} == {Outcome.SANDBOX_ERROR}
+    assert not [s for r in out.results for s in r.trace.named("queue_wait") if s.attrs["slot"] == "breaker"]  # type: ignore[union-attr]
+
+
+def test_a_sandbox_lost_in_grading_is_the_infrastructures_and_retried_a_broken_one_the_agents() -> None:
+    from skyrl_agent.dispatch.clock import DeadlineExceeded
+    from skyrl_agent.dispatch.outcomes import classify_error
+    from skyrl_agent.sandbox.shell import CommandBrokeSandboxError, ShellDiedError
+
+    assert classify_error(ShellDiedError("the container was killed"), "grade") is Outcome.SANDBOX_ERROR
+    assert classify_error(CommandBrokeSandboxError("ended from the inside"), "grade") is Outcome.AGENT_BROKE_SANDBOX
+    assert classify_error(GradingError("harness crashed"), "grade") is Outcome.GRADING_ERROR
+    assert classify_error(DeadlineExceeded("grade", 1.0), "grade") is Outcome.GRADING_ERROR
+    assert classify_error(KeyError("bug"), "grade") is Outcome.GRADING_ERROR
+
+    class DiesInGrading(Harness):
+        async def grade(self, episode: Episode, sandbox: Sandbox, trajectory: Any) -> GradeResult:
+            if len(self.acquired) == 1:
+                raise ShellDiedError("the agent's container was killed from the host")
+            return await super().grade(episode, sandbox, trajectory)
+
+    h = DiesInGrading()
+    out = asyncio.run(h.dispatcher().run([Episode("e")]))
+    (result,) = out.results
+    assert (result.outcome, result.attempts) == (Outcome.RESOLVED, 2)
+    h.assert_all_released()
+
+    class BrokenInGrading(Harness):
+        async def grade(self, episode: Episode, sandbox: Sandbox, trajectory: Any) -> GradeResult:
+            raise CommandBrokeSandboxError("the sandbox ended from the inside while its diff was taken")
+
+    out = asyncio.run(BrokenInGrading().dispatcher().run([Episode("e")]))
+    (result,) = out.results
+    assert (result.outcome, result.attempts) == (Outcome.AGENT_BROKE_SANDBOX, 1)
+    assert result.treatment is Treatment.ZERO_REWARD
+    assert result.trajectory is not None  # its tokens are trained on
+
+
+class ExpiringFake(FakeSandbox):
+    """A hosted-style sandbox that its platform ends once the wall-clock promise of :meth:`keep_alive` passes."""
+
+    def __init__(self, clock: PausableClock, keeps: bool) -> None:
+        super().__init__()
+        self.clock, self.keeps = clock, keeps
+        self.expires_at = clock.wall_s()  # nothing promised yet
+        self.promises: list[float] = []
+
+    def keep_alive(self, seconds: float) -> None:
+        self.promises.append(seconds)
+        if self.keeps:
+            self.expires_at = max(self.expires_at, self.clock.wall_s() + seconds)
+
+    async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> Any:
+        if self.clock.wall_s() > self.expires_at:
+            raise SandboxError(f"the platform ended sandbox {self.id}: its lifetime passed")
+        return await super().run(command, timeout_s=timeout_s, workdir=workdir)
+
+
+@pytest.mark.parametrize("keeps", [True, False])
+def test_sandbox_lifetime_covers_episode_and_grading_and_excludes_pauses(keeps: bool) -> None:
+    now = [0.0]
+    clock = PausableClock(lambda: now[0])
+    made: list[ExpiringFake] = []
+    d: Dispatcher
+
+    class Hosted(Harness):
+        async def acquire(self, episode: Episode) -> Sandbox:
+            made.append(ExpiringFake(clock, keeps))
+            return made[-1]
+
+        async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Any:
+            now[0] += 45.0  # most of the 50 s episode deadline
+            d.pause()  # a weight sync far longer than the whole lifetime
+            now[0] += 1000.0
+            d.resume()
+            await sandbox.run("echo after the sync")
+            now[0] += 4.0
+            return await super().run_agent(episode, sandbox, llm, ctx)
+
+        async def grade(self, episode: Episode, sandbox: Sandbox, trajectory: Any) -> GradeResult:
+            now[0] += 18.0  # most of the 20 s grading deadline
+            await sandbox.run("pytest")
+            return GradeResult(1.0, True)
+
+    h = Hosted()
+    d = h.dispatcher(clock=clock, timeouts=Timeouts(episode_s=50.0, grade_s=20.0))
+    assert d.config.timeouts.sandbox_lifetime_s == 70.0
+    (result,) = asyncio.run(d.run([Episode("e")])).results
+    if keeps:
+        assert result.outcome is Outcome.RESOLVED, result.error
+        assert made[0].promises[:2] == [70.0, 70.0]  # started, then its run slot
+        assert made[0].promises[2] == pytest.approx(70.0 - 45.0)  # resumed: what is left, in active time
+    else:  # a platform that ignores the promises ends the sandbox during the sync: the test can tell
+        assert result.outcome is Outcome.SANDBOX_ERROR

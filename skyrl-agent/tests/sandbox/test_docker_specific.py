@@ -13,7 +13,7 @@ import time
 import pytest
 
 from skyrl_agent.sandbox import docker_backend, reaper
-from skyrl_agent.sandbox.base import SandboxSpec, SandboxUnavailableError
+from skyrl_agent.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailableError
 from skyrl_agent.sandbox.docker_backend import DockerBackend
 from skyrl_agent.sandbox.pool import WarmPool
 
@@ -182,3 +182,30 @@ def test_cli_reap(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["reap", "--run", "skyrl-test-nothing"]) == 0
     assert "removed 0 containers" in capsys.readouterr().out
+
+
+@pytest.mark.docker
+def test_a_sandbox_not_closed_within_its_lifetime_is_removed_unless_kept_alive() -> None:
+    async def main() -> None:
+        backend = DockerBackend(run_id="skyrl-test-lifetime", lifetime_s=1.0)
+        try:
+            forgotten = await backend.create(SPEC)
+            kept = await backend.create(SPEC)
+            kept.keep_alive(60.0)
+            kept.keep_alive(0.5)  # a promise is never shortened
+            await asyncio.sleep(3.0)
+            assert backend.expired == [forgotten.id]
+            with pytest.raises(SandboxError):
+                await forgotten.run("echo hi")
+            assert (await kept.run("echo hi")).output == "hi\n"
+            assert [c.id for c in docker_backend.containers_of_run("skyrl-test-lifetime")] == [kept.container.id]
+        finally:
+            await backend.close()
+        assert docker_backend.containers_of_run("skyrl-test-lifetime") == []
+
+    asyncio.run(main())
+
+
+def test_lifetime_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="lifetime_s must be a positive"):
+        DockerBackend(lifetime_s=0)

@@ -382,3 +382,25 @@ def test_the_grading_sandbox_is_closed_to_the_end_when_grading_is_cancelled():
         return made[0].closed
 
     assert asyncio.run(scenario())
+
+
+@pytest.mark.docker
+def test_in_docker_a_patch_whose_code_kills_the_grading_sandbox_is_unresolved_not_an_error():
+    # Masking this as an infrastructure failure would let a policy escape a bad reward by ending the grading.
+    from skyrl_agent.tasks.validate import make_backend
+
+    killer = _edit(
+        TASK, "durations/format.py", "    remaining = int(seconds)\n",
+        "    import os, signal\n    os.kill(-1, signal.SIGKILL)\n    remaining = int(seconds)\n",
+    )  # fmt: skip
+    backend = make_backend("docker")
+
+    async def scenario():
+        try:
+            return await grade(TASK, TASK.gold_patch + killer, backend)
+        finally:
+            await backend.close()
+
+    result = asyncio.run(scenario())
+    assert (result.resolved, result.status) == (False, "broke_sandbox"), result.error
+    assert "ended the grading sandbox" in (result.error or "")
