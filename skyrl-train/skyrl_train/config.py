@@ -39,9 +39,10 @@ Derived values, filled by :func:`resolve` only (each field's comment says "deriv
 - ``trainer.run_name`` ← the last component of ``trainer.run_dir``
 - ``trainer.ckpt_path`` ← ``{run_dir}/checkpoints``; ``trainer.export_path`` ← ``{run_dir}/exports``
 - ``off_policy.tis_ratio_type`` ← ``token`` when ``trainer.async_mode`` is not ``sync`` and none is chosen
+- ``trainer.max_inflight_groups`` ← ``trainer.train_batch_size``
 
-Values for what is not built yet (several ``inference.remote_urls``, ``trainer.async_mode=fully_async``) are kept,
-so configs written for them keep loading, but :func:`validate` rejects them until they are built. Removed keys
+Values for what is not built yet (several ``inference.remote_urls``) are kept, so configs written for them keep
+loading, but :func:`validate` rejects them until they are built. Removed keys
 (:data:`REMOVED_KEYS`) fail to load with what replaces them.
 
 Errors: everything raises :class:`ConfigError` (a ``ValueError``) with the offending key in the message.
@@ -262,8 +263,10 @@ class TrainerConfig:
     num_gpus_per_worker: float = 0.0  # fsdp: GPUs a Ray actor asks for; > 0 makes the ranks talk over NCCL
     placement: Literal["colocate", "disaggregate"] = "disaggregate"  # Ray actors: share bundles, or own ones
     # "one_step_off": step k+1's rollouts run while step k trains (one policy version old, TIS-corrected);
-    # "fully_async" is not built yet
+    # "fully_async": groups generate without pause into a buffer, each step takes train_batch_size of them
     async_mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
+    max_staleness: int = 1  # fully_async: policy versions a trained group may lag; older groups are dropped
+    max_inflight_groups: int | None = None  # fully_async: prompt groups generating at once; derived: train_batch_size
     epochs: int = 1  # passes over the training prompts
     max_training_steps: int | None = None  # stop after this many steps; None = epochs * steps per epoch
     train_batch_size: int = 1024  # PROMPTS per training step (rows = prompts * n_samples_per_prompt)
@@ -676,6 +679,7 @@ def resolve(config: Config) -> Config:
             ckpt_path=_expand(trainer.ckpt_path or os.path.join(run_dir, "checkpoints")),
             export_path=_expand(trainer.export_path or os.path.join(run_dir, "exports")),
             resume_path=_expand(trainer.resume_path) if trainer.resume_path else None,
+            max_inflight_groups=_default(trainer.max_inflight_groups, trainer.train_batch_size),
         ),
     )
 
@@ -929,22 +933,35 @@ def _check_workers(config: Config) -> list[str]:
 def _check_async(config: Config) -> list[str]:
     """``trainer.async_mode``: what overlapping generation with training cannot be combined with."""
     t = config.trainer
+    problems = _check_stream(t)
     if t.async_mode == "sync":
-        return []
-    if t.async_mode == "fully_async":
-        return ["trainer.async_mode=fully_async is not supported yet: set trainer.async_mode=one_step_off (or sync)"]
-    problems = []
+        return problems
+    mode = f"trainer.async_mode={t.async_mode}"
     if config.algorithm.dynamic_sampling is not None:
         problems.append(
-            "trainer.async_mode=one_step_off generates the next batch while this one trains, and dynamic sampling "
-            "would draw its refills from the same prompt stream at the same time: set algorithm.dynamic_sampling=null "
-            "or trainer.async_mode=sync"
+            f"{mode} generates the next batch while this one trains, and dynamic sampling would draw its refills "
+            "from the same prompt stream at the same time: set algorithm.dynamic_sampling=null or "
+            "trainer.async_mode=sync"
         )
     on_ray = t.backend == "fsdp" or config.inference.num_engines > 1
     if t.placement == "colocate" and on_ray:
         problems.append(
-            "trainer.async_mode=one_step_off overlaps generation with training, but colocated roles take turns with "
-            "their memory: set trainer.placement=disaggregate or trainer.async_mode=sync"
+            f"{mode} overlaps generation with training, but colocated roles take turns with their memory: set "
+            "trainer.placement=disaggregate or trainer.async_mode=sync"
+        )
+    return problems
+
+
+def _check_stream(t: TrainerConfig) -> list[str]:
+    """``trainer.max_staleness`` and ``trainer.max_inflight_groups`` (read by ``fully_async``)."""
+    problems = []
+    if t.max_staleness < 0:
+        problems.append(
+            f"trainer.max_staleness must be >= 0 (policy versions a trained group may lag), got {t.max_staleness}"
+        )
+    if t.max_inflight_groups is not None and t.max_inflight_groups < 1:
+        problems.append(
+            f"trainer.max_inflight_groups must be >= 1 or null (train_batch_size), got {t.max_inflight_groups}"
         )
     return problems
 

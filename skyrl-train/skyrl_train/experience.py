@@ -1,7 +1,8 @@
 """From generated trajectories to the tensors one RL step trains on.
 
-:func:`to_training_batch` collates a :class:`GeneratorOutput` into a :class:`TrainingBatch` whose ``tensors``
-hold ``rewards`` (token-level) and, when the engine reported them, ``rollout_log_probs``, plus the ``[B]``
+:func:`to_experience` collates a :class:`GeneratorOutput` into a :class:`TrainingBatch` whose ``tensors``
+hold ``rewards`` (token-level) and, when the engine reported them, ``rollout_log_probs`` and ``policy_versions``
+(:data:`POLICY_VERSIONS`: the version of the policy that generated each token), plus the ``[B]``
 prompt-group index the advantage estimators, mini-batches and ``prompt_mean`` need. A trajectory that failed (env
 error, engine error, timeout) stays in its prompt's group, so mini-batches are made of whole prompts whatever
 failed; :attr:`Experience.failed` marks it, so its zero reward never enters its group's statistics (see
@@ -21,6 +22,10 @@ import torch
 from skyrl_train.backends.base import TrainingBatch
 from skyrl_train.batch import collate, concat_batches
 from skyrl_train.generators.base import FAILURE_STOP_REASONS, GeneratorOutput
+
+POLICY_VERSIONS = "policy_versions"
+"""``tensors`` key of the ``[B, T]`` policy version of each generated token (float; -1 on observations, 0 on padding:
+read it where the loss mask is 1)."""
 
 
 @dataclass
@@ -73,6 +78,8 @@ def to_experience(output: GeneratorOutput, pad_token_id: int) -> Experience:
     per_token: dict[str, Sequence[Sequence[float]]] = {"rewards": output.rewards}
     if output.rollout_logprobs is not None:
         per_token["rollout_log_probs"] = output.rollout_logprobs
+    if output.policy_versions is not None:
+        per_token[POLICY_VERSIONS] = output.policy_versions
     batch = collate(prompts, output.response_ids, output.loss_masks, pad_token_id=pad_token_id, per_token=per_token)
     return Experience(
         batch=batch,

@@ -6,6 +6,11 @@ run directory → seed python, numpy and torch → tokenizer, datasets → the c
 tracker → resume from the latest checkpoint when there is one → evaluate → train steps with periodic evaluation,
 checkpoints and Hugging Face exports → final checkpoint, export and the metrics plot. Returns a :class:`RunResult`.
 
+``trainer.async_mode=fully_async`` trains from a :class:`~skyrl_train.async_buffer.RolloutStream` that draws
+prompts one at a time from the loader and generates until the next checkpoint's step (or the last step), so nothing
+is in flight when a checkpoint is written; the checkpoint also records how many groups were started (their index
+seeds each group's sampling).
+
 The settings of every model, engine, generator and loss come from :mod:`skyrl_train.wiring`; this module only
 constructs the objects and runs the outer loop.
 """
@@ -25,6 +30,7 @@ import numpy as np
 import torch
 
 from skyrl_train import checkpoint
+from skyrl_train.async_buffer import RolloutStream
 from skyrl_train.backends import BackendConfig, TorchBackend, TrainingBackend
 from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.compute_thread import ComputeThread
@@ -43,6 +49,7 @@ from skyrl_train.data.loader import PromptLoader
 from skyrl_train.generators import SkyRLGymGenerator
 from skyrl_train.inference.base import InferenceEngine
 from skyrl_train.inference.factory import create_engine
+from skyrl_train.inference.versioned import VersionedEngine
 from skyrl_train.timeline import PNG_FILE, TRACE_FILE, Timeline
 from skyrl_train.tracking import Tracker
 from skyrl_train.trainer import Metrics, Trainer, state_for_checkpoint
@@ -145,6 +152,8 @@ class _Session:
         self.broadcast: BroadcastSync | None = None  # trainer.backend=fsdp: how weights reach the engines
         self.handover: ColocatedHandover | None = None  # trainer.placement=colocate: roles taking turns with memory
         self.timeline = Timeline()  # every role's spans: trace.json and timeline.png at the end
+        self.stream: RolloutStream | None = None  # fully_async: the groups generating while the trainer trains
+        self.groups_started = 0  # fully_async: groups started before this session (a resumed run's count)
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -184,7 +193,10 @@ class _Session:
         policy, ref, critic = self._backends(parts, compute)
         engine = parts.engine
         self.engine = self._engine(engine, compute)
-        generator = SkyRLGymGenerator(self.engine, self.tokenizer, parts.generator, env_workers=self._env_workers())
+        self.stream_settings = parts.stream
+        # fully_async loads weights under running rollouts: the versioned engine records which policy made each turn.
+        serving = VersionedEngine(self.engine) if config.trainer.async_mode == "fully_async" else self.engine
+        generator = SkyRLGymGenerator(serving, self.tokenizer, parts.generator, env_workers=self._env_workers())
         self.tracker = Tracker.create(
             config.trainer.logger,
             self.run_dir,
@@ -199,7 +211,7 @@ class _Session:
             settings=parts.loop,
             objective=parts.objective,
             policy=policy,
-            engine=self.engine,
+            engine=serving,
             generator=generator,
             sampling_params=parts.sampling_params,
             eval_sampling_params=parts.eval_sampling_params,
@@ -384,20 +396,10 @@ class _Session:
         await self._resume()
         if t.eval_before_train and self.trainer.global_step == 0:
             await self._evaluate(result)
-        batches = self.loader.stream()
-        ahead: list[PromptRecord] | None = None  # one_step_off: the next step's prompts, generating already
-        while self.trainer.global_step < self.total_steps():
-            batch = ahead if ahead is not None else next(batches)
-            ahead = next(batches) if self._generates_ahead() else None
-            # Dynamic sampling draws its refills from the same stream, so they advance the saved loader state.
-            result.last_metrics = await self.trainer.train_step(batch, lambda: next(batches), upcoming=ahead)
-            step = self.trainer.global_step
-            if self.eval_prompts and t.eval_interval > 0 and step % t.eval_interval == 0:
-                await self._evaluate(result)
-            if t.ckpt_interval > 0 and step % t.ckpt_interval == 0:
-                result.checkpoint = self._save(result.last_metrics)
-            if t.export_interval > 0 and step % t.export_interval == 0:
-                result.export = self._export()
+        if t.async_mode == "fully_async":
+            await self._train_streamed(result)
+        else:
+            await self._train_stepped(result)
         if self.eval_prompts and (not result.eval_history or result.eval_history[-1][0] != self.trainer.global_step):
             await self._evaluate(result)
         result.global_step = self.trainer.global_step
@@ -407,6 +409,51 @@ class _Session:
         result.plot = self.tracker.finish()
         result.timeline = self._write_timeline()
         return result
+
+    async def _train_stepped(self, result: RunResult) -> None:
+        """Steps of ``sync`` and ``one_step_off``: each gets its batch of prompts (one_step_off: the next one's too)."""
+        batches = self.loader.stream()
+        ahead: list[PromptRecord] | None = None  # one_step_off: the next step's prompts, generating already
+        while self.trainer.global_step < self.total_steps():
+            batch = ahead if ahead is not None else next(batches)
+            ahead = next(batches) if self._generates_ahead() else None
+            # Dynamic sampling draws its refills from the same stream, so they advance the saved loader state.
+            result.last_metrics = await self.trainer.train_step(batch, lambda: next(batches), upcoming=ahead)
+            await self._after_step(result)
+
+    async def _train_streamed(self, result: RunResult) -> None:
+        """fully_async: steps take their groups from one stream, which generates up to the next checkpoint's step."""
+        self.stream = RolloutStream(
+            self.stream_settings,
+            self.trainer.rollout_group,
+            self.loader.items(),
+            version=self.trainer.global_step,
+            started=self.groups_started,
+        )
+        try:
+            while self.trainer.global_step < self.total_steps():
+                self.stream.generate_until(self._horizon())
+                result.last_metrics = await self.trainer.train_step_from(self.stream)
+                await self._after_step(result)
+        finally:
+            await self.stream.close()
+
+    def _horizon(self) -> int:
+        """fully_async: the last step to generate for now: the next checkpoint's (nothing in flight then) or the end."""
+        t, total = self.config.trainer, self.total_steps()
+        if t.ckpt_interval <= 0:
+            return total
+        return min((self.trainer.global_step // t.ckpt_interval + 1) * t.ckpt_interval, total)
+
+    async def _after_step(self, result: RunResult) -> None:
+        """Evaluate, checkpoint and export when their intervals say so."""
+        t, step = self.config.trainer, self.trainer.global_step
+        if self.eval_prompts and t.eval_interval > 0 and step % t.eval_interval == 0:
+            await self._evaluate(result)
+        if t.ckpt_interval > 0 and step % t.ckpt_interval == 0:
+            result.checkpoint = self._save(result.last_metrics)
+        if t.export_interval > 0 and step % t.export_interval == 0:
+            result.export = self._export()
 
     def _write_timeline(self) -> Path | None:
         """``trace.json`` and ``timeline.png`` in the run directory (the picture only with matplotlib)."""
@@ -434,6 +481,7 @@ class _Session:
         self.trainer.global_step = state.global_step
         if state.loader_state is not None:
             self.loader.load_state_dict(state.loader_state)
+        self.groups_started = int(state.extra.get("groups_started", state.global_step * t.train_batch_size))
         kl_coef = state.extra.get("kl_coef")
         if kl_coef is not None and self.trainer.kl_controller is not None:
             self.trainer.kl_controller.value = float(kl_coef)
@@ -449,7 +497,7 @@ class _Session:
             write_state=self._write_models,
             config=to_dict(self.config),
             metrics=metrics,
-            extra=state_for_checkpoint(self.trainer),
+            extra={**state_for_checkpoint(self.trainer), **(self.stream.state_dict() if self.stream else {})},
             loader_state=self.loader.state_dict(),
             max_to_keep=t.max_ckpts_to_keep,
         )

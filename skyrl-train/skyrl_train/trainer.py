@@ -22,6 +22,14 @@ One step, in order::
 With colocated roles the injected ``handover`` lends the engines' memory to training right after generation and
 gives it back before the sync (``timing/handover_s``).
 
+Async modes change only where the experience comes from. ``one_step_off``: :meth:`Trainer.train_step` with
+``upcoming`` starts the next step's rollouts before this step's update, and the sync waits for them.
+``fully_async``: a :class:`~skyrl_train.async_buffer.RolloutStream` generates prompt groups without pause;
+:meth:`Trainer.train_step_from` takes a batch of them (each group is one generate call, :meth:`Trainer.rollout_group`),
+and the rest of the step is the same. The engine is then a :class:`~skyrl_train.inference.versioned.VersionedEngine`:
+the sync pauses it between requests, loads the weights, and gives it the new version, which it stamps on every turn
+generated from then on (``tensors["policy_versions"]``).
+
 Metrics per step include the mean ``|rollout log-prob − trainer log-prob|`` over generated tokens
 (``policy/rollout_logprob_gap``): on an on-policy step it measures how far the engine's numerics are from the
 trainer's, and must stay small.
@@ -61,6 +69,7 @@ from skyrl_train.algorithms import (
     masked_mean,
 )
 from skyrl_train.algorithms.kl import KLEstimatorName
+from skyrl_train.async_buffer import Group, RolloutStream, make_group, stream_metrics
 from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBackend, TrainingBatch
 from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.data.dataset import PromptRecord
@@ -69,9 +78,10 @@ from skyrl_train.dynamic_sampling import (
     collect_informative_groups,
     replace_uninformative_groups,
 )
-from skyrl_train.experience import Experience, to_experience
+from skyrl_train.experience import Experience, concat_experiences, to_experience
 from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutput
 from skyrl_train.inference.base import InferenceEngine, SamplingParams
+from skyrl_train.inference.versioned import VersionedEngine
 from skyrl_train.objective import Objective, add_token_weights, make_loss_fn, make_value_loss_fn
 from skyrl_train.timeline import Timeline, span_on
 
@@ -80,7 +90,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 Metrics = dict[str, float]
-AsyncMode = Literal["sync", "one_step_off"]
+AsyncMode = Literal["sync", "one_step_off", "fully_async"]
 PromptSource = Callable[[], Sequence[PromptRecord]]
 """Hands out the next batch of training prompts (dynamic sampling draws more than one per step)."""
 
@@ -116,7 +126,8 @@ class LoopSettings:
     reuse_update_log_probs: bool = True  # one update on one mini-batch: old log-probs from its forward pass
     eval_n_samples_per_prompt: int = 1
     seed: int = 42  # seeds the per-step sampling seeds and the mini-batch shuffles
-    async_mode: AsyncMode = "sync"  # "one_step_off": the next step generates while this one trains
+    # "one_step_off": the next step generates while this one trains; "fully_async": train_step_from(stream)
+    async_mode: AsyncMode = "sync"
 
 
 @dataclass
@@ -169,6 +180,7 @@ class Trainer:
     global_step: int = 0
     callbacks: list[Callable[[Trainer, Metrics], None]] = field(default_factory=list)
     _ahead: _Ahead | None = field(default=None, init=False, repr=False)  # one_step_off: the next step's rollouts
+    _stream: RolloutStream | None = field(default=None, init=False, repr=False)  # fully_async: generating meanwhile
 
     # ------------------------------------------------------------------------------------------ one RL step
 
@@ -199,6 +211,48 @@ class Trainer:
             rollout = self._rollout(upcoming, None, step=self.global_step + 1)
             self._ahead = _Ahead(upcoming, asyncio.ensure_future(rollout), self.global_step)
             await asyncio.sleep(0)  # let it send its first requests before the update takes the thread
+        metrics["async/staleness"] = float(self.global_step - version)
+        return await self._learn(experience, metrics, timings, step_start)
+
+    async def train_step_from(self, stream: RolloutStream) -> Metrics:
+        """``async_mode="fully_async"``: train on the next batch of groups ``stream`` has ready; return metrics.
+
+        The stream keeps generating meanwhile (see ``skyrl_train.async_buffer``); after the update the weights are
+        synced into the running engines (later turns of running rollouts use them) and the stream learns the new
+        policy version. ``async/*`` metrics count the groups evicted and refilled and the trained samples' staleness.
+        """
+        if self.settings.async_mode != "fully_async":
+            raise ValueError("train_step_from(stream) needs async_mode='fully_async'")
+        if stream.version != self.global_step:
+            raise ValueError(f"the stream generates for version {stream.version}, the trainer is at {self.global_step}")
+        timings: Metrics = {}
+        step_start = self._now()
+        start = time.monotonic()
+        taken = await stream.take()
+        timings["timing/wait_batch_s"] = time.monotonic() - start
+        experience = concat_experiences([group.experience for group in taken.groups], self.pad_token_id)
+        generated = [group.output for group in (*taken.groups, *taken.evicted)]
+        metrics = {**_mean_metrics([o.metrics for o in generated]), **_reward_metrics(generated)}
+        metrics.update(stream_metrics(taken, self.global_step, stream.settings.max_staleness))
+        self._stream = stream
+        try:
+            metrics = await self._learn(experience, metrics, timings, step_start)
+        finally:
+            self._stream = None
+        stream.advance(self.global_step)
+        return metrics
+
+    async def rollout_group(self, prompt: PromptRecord, index: int, version: int) -> Group:
+        """``async_mode="fully_async"``: one prompt's group, the ``index``-th of the run, started at ``version``.
+
+        Its sampling is seeded by ``index`` (as a step's by its number), so it does not depend on when it runs.
+        """
+        request = self._generator_input([prompt], training=True, step=version, seed_key=2 * index + 1)
+        output = await self.generator.generate(request)
+        return make_group(output, self.pad_token_id, index=index, admitted=version)
+
+    async def _learn(self, experience: Experience, metrics: Metrics, timings: Metrics, step_start: float) -> Metrics:
+        """The rest of a step once its experience is ready: update, weight sync, metrics (see the module docstring)."""
         if self.handover is not None:
             start = time.monotonic()
             with span_on(self.timeline, "sync", "hand-over"):
@@ -223,8 +277,7 @@ class Trainer:
             await asyncio.wait({self._ahead.rollout})
             timings["timing/wait_ahead_s"] = time.monotonic() - start
         with span_on(self.timeline, "sync", "weight sync"):
-            timings["timing/weight_sync_s"] = await self.sync_weights()
-        metrics["async/staleness"] = float(self.global_step - version)
+            timings["timing/weight_sync_s"] = await self.sync_weights(version=self.global_step + 1)
         self.global_step += 1
         metrics.update(timings)
         if self.timeline is not None:
@@ -271,9 +324,10 @@ class Trainer:
         """
         if self.compute is not None:
             return await self.compute.acall(fn, *args, **kwargs)
-        if self._ahead is not None and not self._ahead.rollout.done():
+        generating = self._stream is not None or (self._ahead is not None and not self._ahead.rollout.done())
+        if generating:
             # Backends in other processes block on their calls: off the event loop, the rollouts generated ahead
-            # keep going meanwhile.
+            # (or the fully-async stream) keep going meanwhile.
             return await asyncio.to_thread(fn, *args, **kwargs)
         return fn(*args, **kwargs)
 
@@ -318,8 +372,15 @@ class Trainer:
         return next_prompts()
 
     def _generator_input(
-        self, prompts: Sequence[PromptRecord], *, training: bool, attempt: int = 0, step: int | None = None
+        self,
+        prompts: Sequence[PromptRecord],
+        *,
+        training: bool,
+        attempt: int = 0,
+        step: int | None = None,
+        seed_key: int | None = None,
     ) -> GeneratorInput:
+        """The request for ``prompts``; ``seed_key`` (default ``2 · step + training``) picks the sampling seed."""
         step = self.global_step if step is None else step
         n = self.settings.n_samples_per_prompt if training else self.settings.eval_n_samples_per_prompt
         rows = [(p, i) for p in prompts for i in range(n)]
@@ -329,7 +390,8 @@ class Trainer:
             # only on the run seed and the step, so a resumed run draws exactly what the uninterrupted one did.
             # A dynamic-sampling refill (attempt > 0) is offset by attempt · 2^50: the per-trajectory offsets stay
             # below 2^20, so a refill never repeats a seed of its step's earlier batches.
-            seed = ((self.settings.seed * 1_000_003 + step * 2 + training) << 20) + (attempt << 50)
+            key = step * 2 + training if seed_key is None else seed_key
+            seed = ((self.settings.seed * 1_000_003 + key) << 20) + (attempt << 50)
             params = replace(params, seed=seed)
         return GeneratorInput(
             prompts=[p.messages for p, _ in rows],
@@ -485,8 +547,12 @@ class Trainer:
             rows = [row for group in order[start : start + size] for row in groups[group]]
             yield torch.tensor(sorted(rows), dtype=torch.long)
 
-    async def sync_weights(self) -> float:
-        """Push the policy's weights into the engine (generation paused meanwhile); return the seconds it took."""
+    async def sync_weights(self, version: int | None = None) -> float:
+        """Push the policy's weights into the engine (generation paused meanwhile); return the seconds it took.
+
+        ``version`` (default: the current step) is the policy version of the weights pushed; a
+        :class:`VersionedEngine` stamps it on everything it generates from then on.
+        """
         start = time.monotonic()
         await self.engine.pause()
         try:
@@ -494,6 +560,8 @@ class Trainer:
                 await self.weight_sync()
             else:
                 await self.engine.update_weights(self.policy.get_weights())
+            if isinstance(self.engine, VersionedEngine):
+                self.engine.version = self.global_step if version is None else version
         finally:
             await self.engine.resume()
         return time.monotonic() - start

@@ -24,6 +24,7 @@ from typing import Any
 
 from skyrl_train.algorithms import AdvantageConfig, KLController, make_kl_controller
 from skyrl_train.algorithms.policy_losses import CISPOConfig, ClipCovConfig, KLCovConfig, PolicyLossConfig, SAPOConfig
+from skyrl_train.async_buffer import StreamSettings
 from skyrl_train.backends.config import BackendConfig, LoraConfig, OptimizerConfig
 from skyrl_train.config import Config, TrainerConfig, lora_target_modules, resolve
 from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
@@ -46,6 +47,7 @@ __all__ = [
     "objective_of",
     "optimizer_steps",
     "sampling_params",
+    "stream_settings",
     "training_steps",
 ]
 
@@ -76,6 +78,7 @@ class RunComponents:
     sampling_params: SamplingParams  # training rollouts
     eval_sampling_params: SamplingParams  # evaluation rollouts
     kl_controller: KLController | None  # beta of the KL penalty in the reward; None unless use_kl_in_reward
+    stream: StreamSettings  # fully_async: the rollout stream (batch size, staleness bound, groups in flight)
 
 
 def components_of(config: Config, *, total_steps: int) -> RunComponents:
@@ -99,6 +102,7 @@ def components_of(config: Config, *, total_steps: int) -> RunComponents:
         sampling_params=sampling,
         eval_sampling_params=eval_sampling,
         kl_controller=kl_controller(config),
+        stream=stream_settings(config),
     )
 
 
@@ -253,7 +257,17 @@ def loop_settings(config: Config) -> LoopSettings:
         logprob_temperature=g.temperature,  # log-probs are taken at the temperature the tokens were sampled at
         eval_n_samples_per_prompt=g.eval_n_samples_per_prompt,
         seed=t.seed,
-        async_mode="one_step_off" if t.async_mode == "one_step_off" else "sync",  # validate refuses fully_async
+        async_mode=t.async_mode,
+    )
+
+
+def stream_settings(config: Config) -> StreamSettings:
+    """``trainer.async_mode=fully_async``: how the rollout stream schedules prompt groups."""
+    t = resolve(config).trainer
+    return StreamSettings(
+        batch_size=t.train_batch_size,
+        max_staleness=t.max_staleness,
+        max_inflight_groups=t.max_inflight_groups,
     )
 
 

@@ -116,7 +116,6 @@ def test_async_modes_correct_by_token_tis_unless_told_otherwise() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["trainer.async_mode=fully_async"], "fully_async is not supported yet"),
         (["trainer.async_mode=one_step_off", "algorithm.dynamic_sampling=filter"], "algorithm.dynamic_sampling=null"),
         (
             ["trainer.async_mode=one_step_off", "trainer.placement=colocate", "trainer.backend=fsdp"],

@@ -88,6 +88,18 @@ class PromptLoader(Generic[T]):
         while True:
             yield from self
 
+    def items(self) -> Iterator[T]:
+        """Items one at a time across epochs without end, in the order the batches hand them out.
+
+        With ``drop_last`` the same tail of each epoch is skipped. The state advances per item, so ``state_dict()``
+        resumes with the next one (``trainer.async_mode=fully_async`` draws its prompts so).
+        """
+        while True:
+            index = self._order()[self._position]
+            self._position += 1
+            self._roll_if_exhausted()
+            yield self.dataset[index]
+
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position", "seed", "dataset_size"}``: everything needed to continue (JSON-safe)."""
         return {
@@ -125,9 +137,10 @@ class PromptLoader(Generic[T]):
         return [self.dataset[i] for i in indices]
 
     def _roll_if_exhausted(self) -> None:
-        """Move to the next epoch once no (full, with drop_last) batch remains in this one."""
-        remaining = len(self.dataset) - self._position
-        if remaining <= 0 or (self.drop_last and remaining < self.batch_size):
+        """Move to the next epoch once the epoch's last (full, with drop_last) batch has been handed out."""
+        n = len(self.dataset)
+        end = n - n % self.batch_size if self.drop_last else n
+        if self._position >= end:
             self._epoch += 1
             self._position = 0
 

@@ -6,7 +6,9 @@ layers plug in by implementing this protocol.
 Per trajectory ``i`` the output holds the prompt ids and the response ids. The response interleaves tokens the
 model generated (``loss_masks[i][t] == 1``) and tokens of environment observations (``0``). ``rewards[i]`` is
 token-level: each turn's reward sits on that turn's last generated token, zeros elsewhere. ``rollout_logprobs``
-has the engine's log-probability for generated tokens and ``0.0`` for observation tokens.
+has the engine's log-probability for generated tokens and ``0.0`` for observation tokens; ``policy_versions``, when
+the engine reports them, the policy version of each generated token (turns of one trajectory may differ when
+weights change between them) and ``-1`` for observation tokens.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class GeneratorOutput:
     trajectory_ids: list[str]
     env_metrics: list[dict[str, Any]] = field(default_factory=list)  # per trajectory, from env.get_metrics()
     metrics: dict[str, float] = field(default_factory=dict)  # batch-level rollout statistics
+    # Per response token, the policy version that generated it (-1 on observation tokens); None when the engine
+    # does not report versions (see skyrl_train.inference.versioned).
+    policy_versions: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)

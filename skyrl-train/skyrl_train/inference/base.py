@@ -45,6 +45,7 @@ class GenerationOutput:
     stop_reason: StopReason
     text: str | None = None  # the decoded text, when the engine decodes
     metadata: dict[str, object] = field(default_factory=dict)
+    policy_version: int | None = None  # the policy version that generated it, when the engine tracks versions
 
 
 @runtime_checkable

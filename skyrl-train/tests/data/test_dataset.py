@@ -226,6 +226,19 @@ def test_loader_epochs_and_drop_last(gsm8k_files: list[Path]) -> None:
     assert [uid for batch in batches for uid in batch] == [str(i) for i in range(20)]
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_loader_items_follow_the_batches_and_resume_mid_batch(gsm8k_files: list[Path], drop_last: bool) -> None:
+    dataset = PromptDataset([gsm8k_files[0]], default_env_class="gsm8k")  # 20 prompts
+    batches = _uids(list(islice(PromptLoader(dataset, 6, seed=3, drop_last=drop_last).stream(), 8)))
+    in_batches = [uid for batch in batches for uid in batch]  # with drop_last, 2 prompts skipped per epoch
+    first = PromptLoader(dataset, 6, seed=3, drop_last=drop_last)
+    consumed = [record.uid for record in islice(first.items(), 9)]  # one and a half batches
+    resumed = PromptLoader(dataset, 6, seed=3, drop_last=drop_last)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    continued = [record.uid for record in islice(resumed.items(), len(in_batches) - 9)]
+    assert consumed + continued == in_batches
+
+
 def test_loader_state_mid_epoch(gsm8k_files: list[Path]) -> None:
     dataset = PromptDataset([gsm8k_files[0]], default_env_class="gsm8k")
     loader = PromptLoader(dataset, 4, seed=5)
