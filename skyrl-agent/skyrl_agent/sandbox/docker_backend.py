@@ -224,7 +224,7 @@ class DockerSandbox:
         self.expires_at = math.inf  # time.monotonic() after which the backend removes it (never without lifetime_s)
 
     def keep_alive(self, seconds: float) -> None:
-        """Do not remove this sandbox for its lifetime for at least ``seconds`` from now (never shortened)."""
+        """Keep this sandbox past its lifetime for at least ``seconds`` from now; a promise is never shortened."""
         self.expires_at = max(self.expires_at, time.monotonic() + seconds)
 
     async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
