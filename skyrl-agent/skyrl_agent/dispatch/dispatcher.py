@@ -35,6 +35,7 @@ from asyncio_throttle.throttler import Throttler
 
 from skyrl_agent.dispatch.clock import Deadline, PausableClock, within
 from skyrl_agent.dispatch.context import GuardedLLM, RunContext, Timeouts
+from skyrl_agent.dispatch.gc_policy import fewer_full_collections
 from skyrl_agent.dispatch.outcomes import (
     DEFAULT_POLICY,
     FailurePolicy,
@@ -126,6 +127,16 @@ class DispatcherConfig:
     breaker_wait_s: float = 120.0  # an outage this young makes starts wait for the circuit, not fail (0: fail fast)
     policy: FailurePolicy = DEFAULT_POLICY
     seed: int = 0  # for retry jitter
+    # While run() is active, the GC's oldest-generation threshold is at least this (None: the interpreter's);
+    # full collections walk every live episode's objects (see skyrl_agent.dispatch.gc_policy).
+    gc_full_collection_threshold: int | None = 100
+
+    def __post_init__(self) -> None:
+        threshold = self.gc_full_collection_threshold
+        if threshold is not None and threshold < 1:
+            raise ValueError(
+                f"gc_full_collection_threshold must be at least 1 (got {threshold}); None keeps the interpreter's"
+            )
 
 
 @dataclass
@@ -286,15 +297,16 @@ class Dispatcher:
 
         producer = asyncio.create_task(produce())
         workers = [asyncio.create_task(work()) for _ in range(n_workers)]
-        try:
-            n = await producer
-            await asyncio.gather(*workers)
-        finally:
-            for task in [producer, *workers]:
-                task.cancel()
-            await asyncio.gather(producer, *workers, return_exceptions=True)
-            while self._releasing:  # late starts may still add releases
-                await asyncio.gather(*self._releasing, return_exceptions=True)
+        with fewer_full_collections(self.config.gc_full_collection_threshold):
+            try:
+                n = await producer
+                await asyncio.gather(*workers)
+            finally:
+                for task in [producer, *workers]:
+                    task.cancel()
+                await asyncio.gather(producer, *workers, return_exceptions=True)
+                while self._releasing:  # late starts may still add releases
+                    await asyncio.gather(*self._releasing, return_exceptions=True)
         ordered = [results[i] for i in range(n)]
         self._apply_policy(ordered)
         return DispatchResult(ordered, self._metrics(ordered))
