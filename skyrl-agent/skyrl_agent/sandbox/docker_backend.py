@@ -328,6 +328,7 @@ class DockerBackend:
         self._open: dict[str, DockerSandbox] = {}
         self._images: list[str] = []
         self.leaked: list[str] = []
+        self._unconfirmed: list[str] = []  # names of containers a failed create may have made, not yet removed
 
     @property
     def owner(self) -> str:
@@ -419,7 +420,12 @@ class DockerBackend:
         results = await asyncio.gather(*(s.close() for s in list(self._open.values())), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         images, self._images = self._images, []
+        unconfirmed, self._unconfirmed = self._unconfirmed, []
         if self._client is not None:
+            for name in unconfirmed:
+                if not await asyncio.to_thread(_retry_remove, self._client.api.remove_container, name, name):
+                    self.leaked.append(name)
+                    errors.append(SandboxError(f"container {name} (of a failed start) could not be removed"))
             for image_id in images:
                 if not await asyncio.to_thread(
                     _retry_remove, self._client.images.remove, image_id, f"image {image_id}"
@@ -471,6 +477,7 @@ class DockerBackend:
         """
         container = None
         attach = _attachable(client)
+        name = f"skyrl-{labels['skyrl.episode']}-{uuid.uuid4().hex[:6]}"
         try:
             container = client.containers.create(
                 spec.image,
@@ -479,7 +486,7 @@ class DockerBackend:
                 # With an open stdin, "not detached" is how the SDK sets StdinOnce: when the host lets go of the
                 # attach stream (or dies), the first runner's stdin ends and it exits.
                 detach=not attach,
-                name=f"skyrl-{labels['skyrl.episode']}-{uuid.uuid4().hex[:6]}",
+                name=name,
                 user=spec.user,
                 working_dir=spec.workdir,
                 environment=spec.env,
@@ -509,15 +516,25 @@ class DockerBackend:
                 return None
             return container, attached
         except _UNREACHABLE as exc:
-            if container is not None:
-                _force_remove(container)
+            self._remove_failed_start(client, container, name)
             raise SandboxUnavailableError(
                 f"the Docker daemon stopped answering while starting a sandbox: {exc}"
             ) from exc
         except docker.errors.DockerException as exc:
-            if container is not None:
-                _force_remove(container)
+            self._remove_failed_start(client, container, name)
             raise SandboxStartError(f"could not start a sandbox from {spec.image}: {exc}") from exc
+
+    def _remove_failed_start(self, client: Any, container: Any, name: str) -> None:
+        """Remove what a failed start may have left, known or not.
+
+        When the create call itself failed, the daemon may still have made the container (the connection broke
+        after the request reached it, e.g. during a daemon restart): it is looked up by its unique name. A name
+        that cannot be removed now is kept for :meth:`close` to try again.
+        """
+        if container is not None:
+            _force_remove(container)
+        elif not _retry_remove(client.api.remove_container, name, f"container {name}"):
+            self._unconfirmed.append(name)
 
     def _shell_for(self, container: Any, spec: SandboxSpec) -> PersistentShell:
         docker_cli = shutil.which("docker") or "docker"

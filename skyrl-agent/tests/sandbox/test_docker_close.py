@@ -175,3 +175,69 @@ def test_closing_a_sandbox_whose_container_was_removed_externally() -> None:
 
     asyncio.run(main())
     assert containers_of_run("skyrl-test-close-gone") == []
+
+
+class LostCreateResponse:
+    """A docker client whose ``containers.create`` reaches the daemon (the container is made) and then fails as a
+    connection broken before the answer would (a daemon restarting mid-call); ``api.remove_container`` fails
+    ``remove_failures`` times first, as a daemon still down would."""
+
+    def __init__(self, client: Any, remove_failures: int = 0) -> None:
+        self._client = client
+        self.remove_failures = remove_failures
+        self.created: list[str] = []
+        self.containers = _Proxy(client.containers, create=self._create)
+        self.api = _Proxy(client.api, remove_container=self._remove_container)
+
+    def _create(self, *args: Any, **kwargs: Any) -> Any:
+        container = self._client.containers.create(*args, **kwargs)
+        self.created.append(container.id)
+        raise requests.exceptions.ConnectionError("injected: the connection broke before the answer")
+
+    def _remove_container(self, ref: str, force: bool = False) -> None:
+        if self.remove_failures > 0:
+            self.remove_failures -= 1
+            raise requests.exceptions.ConnectionError("injected: the daemon is still down")
+        self._client.api.remove_container(ref, force=force)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class _Proxy:
+    """``inner`` with some attributes replaced."""
+
+    def __init__(self, inner: Any, **replaced: Any) -> None:
+        self._inner = inner
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("remove_failures", [0, 5], ids=["removed-at-once", "removed-at-close"])
+def test_a_container_made_by_a_create_whose_answer_was_lost_is_removed(remove_failures: int) -> None:
+    run_id = f"skyrl-test-lost-create-{remove_failures}"
+
+    async def main() -> None:
+        backend = DockerBackend(run_id=run_id)
+        real = await backend._connect()
+        lossy = LostCreateResponse(real, remove_failures)
+        backend._client = lossy
+        try:
+            with pytest.raises(SandboxError, match="stopped answering"):
+                await backend.create(SPEC)
+            assert len(lossy.created) == 1  # the daemon did make it
+            left = [c.id for c in containers_of_run(run_id)]
+            assert left == ([] if remove_failures == 0 else lossy.created)
+        finally:
+            await backend.close()
+            backend._client = real
+        assert containers_of_run(run_id) == []
+        assert backend.leaked == []
+
+    try:
+        asyncio.run(main())
+    finally:
+        reaper.reap(run_id, dead_only=False)
