@@ -76,6 +76,17 @@ def _tasks_build_real(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tasks_export_dataset(args: argparse.Namespace) -> int:
+    from skyrl_agent.integrations.train_factory import export_dataset
+
+    if args.max_turns < 1:
+        print(f"error: --max-turns must be at least 1 (got {args.max_turns})", file=sys.stderr)
+        return 2
+    count = export_dataset(args.out, tasks_path=args.tasks, max_turns=args.max_turns)
+    print(f"wrote {count} prompt rows (env_class swe) to {args.out}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from skyrl_agent import run
     from skyrl_agent.sandbox import reaper
@@ -130,6 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     build_real.add_argument("--cache", help="directory of downloaded sdists (default: OUT/sdists)")
     build_real.add_argument("--packages", help="comma-separated packages to build (default: all in the recipe)")
     build_real.set_defaults(func=_tasks_build_real)
+    export = tasks_commands.add_parser(
+        "export-dataset", help="write a skyrl-train prompt dataset (JSON lines) with one row per task"
+    )
+    export.add_argument("out", help="the .jsonl file to write (e.g. data/swe/train.jsonl)")
+    export.add_argument("--tasks", help="a .jsonl/.json task file (default: the shipped suite)")
+    export.add_argument(
+        "--max-turns", type=int, default=30, help="the turn limit the prompts mention (default: %(default)s)"
+    )
+    export.set_defaults(func=_tasks_export_dataset)
     run = commands.add_parser("run", help="run agent episodes on tasks, grade them and save the trajectories")
     run.add_argument("--tasks", help="a .jsonl/.json task file (default: the shipped suite)")
     run.add_argument(

@@ -22,7 +22,8 @@ Sections and the components they feed (components take their own arguments, neve
 ``optim``          ``backends.config.OptimizerConfig`` (``adam_betas`` → ``betas``)
 ``algorithm``      ``AdvantageConfig`` + estimator name, ``PolicyLossConfig`` + loss name, KL, entropy, DAPO filters
 ``off_policy``     ``algorithms.OffPolicyCorrectionConfig`` itself (referenced, not copied)
-``generator``      ``generators.skyrl_gym_generator.GeneratorConfig`` and the ``SamplingParams`` of rollouts
+``generator``      ``generators.skyrl_gym_generator.GeneratorConfig`` and the ``SamplingParams`` of rollouts;
+                   ``factory``/``factory_kwargs``: ``generators.factory.FactorySettings`` (another generator)
 ``inference``      ``inference.factory.create_engine`` (local torch, vLLM or a remote OpenAI-compatible server)
 ``ray``            ``ray_cluster.ensure_ray``: the cluster to join (``address``) when some role runs in actors
 ``trainer``        the loop: batch sizes, epochs, evaluation, checkpoints, exports, resume, logging;
@@ -229,6 +230,10 @@ class GeneratorSection:
     timeout_s: float | None = None  # deadline per trajectory in seconds; None: none
     max_concurrent_trajectories: int | None = None  # trajectories running at once; None: all of them
     on_failure: Literal["mask", "raise"] = "mask"  # a failed trajectory is masked out of the loss, or fails the step
+    # "package.module:function" that builds the run's generator (skyrl_train.generators.factory); None: the
+    # SkyRLGymGenerator over skyrl-gym envs. Checked (imported, kwargs matched to its signature) by validate().
+    factory: str | None = None
+    factory_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of generator.factory
 
 
 @dataclass(frozen=True)
@@ -854,6 +859,27 @@ def _check_generator(config: Config) -> list[str]:
         problems.append(
             f"generator.max_input_length ({gen.max_input_length}) is smaller than data.max_prompt_length ({max_prompt})"
         )
+    return problems + _check_factory(config)
+
+
+def _check_factory(config: Config) -> list[str]:
+    """``generator.factory``: importable, callable, and ``generator.factory_kwargs`` fit its signature."""
+    gen = config.generator
+    if gen.factory is None:
+        if gen.factory_kwargs:
+            return [
+                "generator.factory_kwargs is set but generator.factory is null: name the factory they are for "
+                "(generator.factory=package.module:function), or drop the kwargs"
+            ]
+        return []
+    from skyrl_train.generators.factory import FactorySettings, check_factory
+
+    problems = check_factory(FactorySettings(gen.factory, gen.factory_kwargs))
+    if config.environment.num_env_workers > 0:
+        problems.append(
+            "environment.num_env_workers > 0 puts the skyrl-gym envs of the default generator in Ray actors, but "
+            "generator.factory builds another generator: set environment.num_env_workers=0"
+        )
     return problems
 
 
@@ -900,7 +926,8 @@ def _check_trainer(config: Config) -> list[str]:
         problems.append("environment.num_env_workers and environment.num_cpus_per_env_worker must be >= 0")
     if config.environment.max_env_workers < 0:
         problems.append(f"environment.max_env_workers must be >= 0, got {config.environment.max_env_workers}")
-    problems += _check_env_class(config.environment.env_class)
+    if config.generator.factory is None:  # a factory's generator decides which env classes it runs
+        problems += _check_env_class(config.environment.env_class)
     for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if name in t.logger and not _module_available(package):
             problems.append(f"trainer.logger {name!r} needs the {package} package: pip install {package}")

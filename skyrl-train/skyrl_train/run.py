@@ -6,6 +6,12 @@ run directory → seed python, numpy and torch → tokenizer, datasets → the c
 tracker → resume from the latest checkpoint when there is one → evaluate → train steps with periodic evaluation,
 checkpoints and Hugging Face exports → final checkpoint, export and the metrics plot. Returns a :class:`RunResult`.
 
+The generator is the :class:`~skyrl_train.generators.SkyRLGymGenerator`, or the one ``generator.factory`` builds
+(:mod:`skyrl_train.generators.factory`): that one gets the engine through a
+:class:`~skyrl_train.generators.factory.GeneratorPauseLink`, so a generator with ``pause``/``resume`` is paused
+around every weight sync. At the end (or when the build fails after it was made) the generator is closed first,
+then the engine, then the worker actors.
+
 ``trainer.async_mode=fully_async`` trains from a :class:`~skyrl_train.async_buffer.RolloutStream` that draws
 prompts one at a time from the loader and generates until the next checkpoint's step (or the last step), so nothing
 is in flight when a checkpoint is written; the checkpoint also records how many groups were started (their index
@@ -46,7 +52,8 @@ from skyrl_train.config import (
 )
 from skyrl_train.data.dataset import PromptDataset, PromptRecord
 from skyrl_train.data.loader import PromptLoader
-from skyrl_train.generators import SkyRLGymGenerator
+from skyrl_train.generators import Generator, SkyRLGymGenerator
+from skyrl_train.generators.factory import GeneratorContext, GeneratorPauseLink, build_generator
 from skyrl_train.inference.base import InferenceEngine
 from skyrl_train.inference.factory import create_engine
 from skyrl_train.inference.versioned import VersionedEngine
@@ -154,6 +161,9 @@ class _Session:
         self.timeline = Timeline()  # every role's spans: trace.json and timeline.png at the end
         self.stream: RolloutStream | None = None  # fully_async: the groups generating while the trainer trains
         self.groups_started = 0  # fully_async: groups started before this session (a resumed run's count)
+        self.compute: ComputeThread | None = None  # the thread every in-process model computes on
+        self.engine: InferenceEngine | None = None  # the run's engine (or engine group), closed at the end
+        self.generator: Generator | None = None  # closed at the end, before the engine
         self.loader = PromptLoader(
             self.train_set,
             config.trainer.train_batch_size,
@@ -177,7 +187,8 @@ class _Session:
         try:
             session._build()
         except BaseException:
-            session._stop_workers()  # a build that failed half-way must not leave actors or a cluster behind
+            # A build that failed half-way must not leave sandboxes, engine threads, actors or a cluster behind.
+            await session.close()
             raise
         return session
 
@@ -192,11 +203,16 @@ class _Session:
         compute = self.compute
         policy, ref, critic = self._backends(parts, compute)
         engine = parts.engine
-        self.engine = self._engine(engine, compute)
+        self.engine = built = self._engine(engine, compute)
         self.stream_settings = parts.stream
+        # A factory's generator may have work to pause during weight syncs: the link pauses it with the engine.
+        link = GeneratorPauseLink(built) if parts.factory is not None else None
+        synced: InferenceEngine = link if link is not None else built
         # fully_async loads weights under running rollouts: the versioned engine records which policy made each turn.
-        serving = VersionedEngine(self.engine) if config.trainer.async_mode == "fully_async" else self.engine
-        generator = SkyRLGymGenerator(serving, self.tokenizer, parts.generator, env_workers=self._env_workers())
+        serving = VersionedEngine(synced) if config.trainer.async_mode == "fully_async" else synced
+        generator = self._generator(parts, serving)
+        if link is not None:
+            link.attach(generator)
         self.tracker = Tracker.create(
             config.trainer.logger,
             self.run_dir,
@@ -221,15 +237,37 @@ class _Session:
             kl_controller=parts.kl_controller,
             sink=self.tracker,
             compute=compute,
-            weight_sync=self._weight_sync(policy, engine),
-            handover=self._handover(policy, critic),
+            weight_sync=self._weight_sync(policy, built, engine),
+            handover=self._handover(built, policy, critic),
             timeline=self.timeline,
         )
-        generator.timeline = self.timeline
-        if hasattr(self.engine, "timeline"):  # an EngineGroup: a lane per engine
-            self.engine.timeline = self.timeline
+        if hasattr(generator, "timeline"):  # a generator that records spans (the SkyRLGymGenerator does)
+            generator.timeline = self.timeline
+        if hasattr(built, "timeline"):  # an EngineGroup: a lane per engine
+            built.timeline = self.timeline
 
-    def _weight_sync(self, policy: TrainingBackend, engine: EngineSettings) -> Callable[[], Awaitable[object]] | None:
+    def _generator(self, parts: RunComponents, engine: InferenceEngine) -> Generator:
+        """The SkyRLGymGenerator, or the one ``generator.factory`` builds; kept in ``self.generator`` to close."""
+        if parts.factory is None:
+            self.generator = SkyRLGymGenerator(engine, self.tokenizer, parts.generator, env_workers=self._env_workers())
+        else:
+            self.generator = build_generator(parts.factory, self._factory_context(parts, engine))
+        return self.generator
+
+    def _factory_context(self, parts: RunComponents, engine: InferenceEngine) -> GeneratorContext:
+        t = self.config.trainer
+        return GeneratorContext(
+            engine=engine,
+            tokenizer=self.tokenizer,
+            config=parts.generator,
+            run_dir=self.run_dir,
+            run_name=t.run_name or self.run_dir.name,
+            seed=t.seed,
+        )
+
+    def _weight_sync(
+        self, policy: TrainingBackend, built: InferenceEngine, engine: EngineSettings
+    ) -> Callable[[], Awaitable[object]] | None:
         """With Ray workers, rank 0 broadcasts the weights straight to the engines (``inference.broadcast_sync``).
 
         NCCL when the policy ranks and the engine actors all have GPUs of their own (disaggregated); otherwise
@@ -244,20 +282,22 @@ class _Session:
         from skyrl_train.inference.ray_engines import EngineGroup
 
         receiver: BroadcastReceiver
-        receiver = self.engine if isinstance(self.engine, EngineGroup) else LocalReceiver(self.engine)
+        receiver = built if isinstance(built, EngineGroup) else LocalReceiver(built)
         t = self.config.trainer
         gpus = t.num_gpus_per_worker > 0 and engine.replicas > 1 and engine.gpus_per_replica > 0
         nccl = gpus and t.placement == "disaggregate"
         self.broadcast = BroadcastSync(policy, receiver, backend="nccl" if nccl else "gloo")
         return self.broadcast.push
 
-    def _handover(self, policy: TrainingBackend, critic: TrainingBackend | None) -> ColocatedHandover | None:
+    def _handover(
+        self, engine: InferenceEngine, policy: TrainingBackend, critic: TrainingBackend | None
+    ) -> ColocatedHandover | None:
         """Colocated actors take turns with their bundles' memory (``skyrl_train.handover``); else None."""
         if self.placement is None or self.config.trainer.placement != "colocate":
             return None
         from skyrl_train.handover import ColocatedHandover
 
-        self.handover = ColocatedHandover(self.engine, [b for b in (policy, critic) if b is not None])
+        self.handover = ColocatedHandover(engine, [b for b in (policy, critic) if b is not None])
         return self.handover
 
     def _start_ray(self, parts: RunComponents) -> None:
@@ -521,15 +561,28 @@ class _Session:
         return path
 
     async def close(self) -> None:
-        await self.engine.close()
-        close = getattr(self.trainer.generator, "close", None)
+        """Close what was built: the generator (it may still hold sandboxes or pools), the engine, the workers.
+
+        A failure to close one does not keep the others open; it is raised once they are closed.
+        """
+        try:
+            await self._close_generator()
+        finally:
+            try:
+                if self.engine is not None:
+                    await self.engine.close()
+            finally:
+                if self.compute is not None:
+                    await asyncio.to_thread(self.compute.close)
+                self._stop_workers()
+
+    async def _close_generator(self) -> None:
+        generator, self.generator = self.generator, None
+        close = getattr(generator, "close", None)
         if close is not None:
             maybe = close()
             if asyncio.iscoroutine(maybe):
                 await maybe
-        if self.compute is not None:
-            await asyncio.to_thread(self.compute.close)
-        self._stop_workers()
 
     def _stop_workers(self) -> None:
         """Stop the worker groups, then Ray if this run started it."""

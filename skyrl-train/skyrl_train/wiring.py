@@ -7,7 +7,7 @@ between the two, so each config key is read here and nowhere else (but for the d
     parts = components_of(config, total_steps=training_steps(config.trainer, len(loader)))
     policy = TorchBackend(parts.policy, compute)          # parts.ref and parts.critic alike; None: not built
     engine = create_engine(parts.engine.kind, parts.engine.model_path, compute=compute, **parts.engine.options)
-    generator = SkyRLGymGenerator(engine, tokenizer, parts.generator)
+    generator = SkyRLGymGenerator(engine, tokenizer, parts.generator)  # or parts.factory (generators.factory)
     trainer = Trainer(settings=parts.loop, objective=parts.objective, sampling_params=parts.sampling_params, ...)
 
 Nothing here loads a model, opens a file or starts a thread. Every value is a frozen settings object except the KL
@@ -27,6 +27,7 @@ from skyrl_train.algorithms.policy_losses import CISPOConfig, ClipCovConfig, KLC
 from skyrl_train.async_buffer import StreamSettings
 from skyrl_train.backends.config import BackendConfig, LoraConfig, OptimizerConfig
 from skyrl_train.config import Config, TrainerConfig, lora_target_modules, resolve
+from skyrl_train.generators.factory import FactorySettings
 from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
 from skyrl_train.inference.base import SamplingParams
 from skyrl_train.inference.factory import EngineKind
@@ -42,6 +43,7 @@ __all__ = [
     "critic_backend_config",
     "engine_settings",
     "generator_config",
+    "generator_factory",
     "kl_controller",
     "loop_settings",
     "objective_of",
@@ -79,6 +81,7 @@ class RunComponents:
     eval_sampling_params: SamplingParams  # evaluation rollouts
     kl_controller: KLController | None  # beta of the KL penalty in the reward; None unless use_kl_in_reward
     stream: StreamSettings  # fully_async: the rollout stream (batch size, staleness bound, groups in flight)
+    factory: FactorySettings | None = None  # the function that builds the generator; None: SkyRLGymGenerator
 
 
 def components_of(config: Config, *, total_steps: int) -> RunComponents:
@@ -103,6 +106,7 @@ def components_of(config: Config, *, total_steps: int) -> RunComponents:
         eval_sampling_params=eval_sampling,
         kl_controller=kl_controller(config),
         stream=stream_settings(config),
+        factory=generator_factory(config),
     )
 
 
@@ -236,6 +240,14 @@ def generator_config(config: Config) -> GeneratorConfig:
         on_failure=g.on_failure,
         chat_template_kwargs=g.chat_template_kwargs,
     )
+
+
+def generator_factory(config: Config) -> FactorySettings | None:
+    """``generator.factory`` and its ``factory_kwargs``; None when the run uses the SkyRLGymGenerator."""
+    g = config.generator
+    if g.factory is None:
+        return None
+    return FactorySettings(path=g.factory, kwargs=dict(g.factory_kwargs))
 
 
 def loop_settings(config: Config) -> LoopSettings:

@@ -31,7 +31,10 @@ EXAMPLES = REPO / "skyrl-train" / "examples"
 STEPS = "trainer.max_training_steps=2"  # the one override: CI time (see the module docstring)
 FAILED_STOPS = ("timeout", "engine_error", "env_error")  # a trajectory that ended like this did not run as meant
 CPU_EXAMPLES = ["gsm8k_multi_turn", "text2sql", "search", "lcb"]  # run here
-RUN_ELSEWHERE = {"distributed": "tests/test_distributed_example.py"}  # needs vLLM and Ray
+RUN_ELSEWHERE = {  # needs vLLM and Ray; needs Docker
+    "distributed": "tests/test_distributed_example.py",
+    "swe_react": "integration_tests/test_swe_train_cli.py",
+}
 
 pytestmark = pytest.mark.slow
 
