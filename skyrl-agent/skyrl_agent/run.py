@@ -225,14 +225,11 @@ def main(tasks: Sequence[SWETask], backend_name: str, options: RunOptions) -> in
 
     if backend_name == "docker":
         from skyrl_agent.sandbox import reaper
-        from skyrl_agent.sandbox.docker_backend import DockerBackend
 
         reaper.install_reaper(options.run_id)
-        # A sandbox nobody closed goes when the deadlines its dispatcher keeps it alive for have passed.
-        lifetime_s = DispatcherConfig().timeouts.sandbox_lifetime_s
-        backend: SandboxBackend = DockerBackend(run_id=options.run_id, lifetime_s=lifetime_s)  # type: ignore[assignment]
-    else:
-        backend = make_backend(backend_name)
+    # A sandbox nobody closed goes when the deadlines its dispatcher keeps it alive for have passed.
+    lifetime_s = DispatcherConfig().timeouts.sandbox_lifetime_s
+    backend = make_backend(backend_name, run_id=options.run_id, lifetime_s=lifetime_s)
 
     async def go() -> tuple[list[EpisodeResult], dict[str, Any]]:
         try:

@@ -159,20 +159,16 @@ def make_backend(name: str, run_id: str, *, lifetime_s: float | None = None, rea
     Raises:
         ValueError: ``name`` is unknown, or its backend cannot run here (the message says what is missing).
     """
-    if name != "docker":
-        from skyrl_agent.tasks.validate import make_backend as make_named_backend
+    from skyrl_agent.tasks.validate import make_backend as make_named_backend
 
-        try:
-            return make_named_backend(name)
-        except ValueError as exc:
-            raise ValueError(f"generator.factory_kwargs.backend: {exc}") from exc
-    from skyrl_agent.sandbox import reaper as reaping
-    from skyrl_agent.sandbox.docker_backend import DockerBackend
+    if name == "docker" and reaper:
+        from skyrl_agent.sandbox import reaper as reaping
 
-    if reaper:
         _install_reaper(reaping, run_id)
-    docker: SandboxBackend = DockerBackend(run_id=run_id, lifetime_s=lifetime_s)  # type: ignore[assignment]
-    return docker
+    try:
+        return make_named_backend(name, run_id=run_id, lifetime_s=lifetime_s)
+    except ValueError as exc:
+        raise ValueError(f"generator.factory_kwargs.backend: {exc}") from exc
 
 
 def _install_reaper(reaping: Any, run_id: str) -> None:

@@ -125,8 +125,11 @@ def with_reference_times(tasks: Sequence[SWETask], reports: Sequence[ValidationR
     return [replace(task, reference_s=round(measured[task.id], 2)) if task.id in measured else task for task in tasks]
 
 
-def make_backend(name: str) -> SandboxBackend:
+def make_backend(name: str, *, run_id: str | None = None, lifetime_s: float | None = None) -> SandboxBackend:
     """The sandbox backend called ``name``: ``docker``, ``local`` or ``process`` (no isolation: trusted tasks only).
+
+    ``run_id`` and ``lifetime_s`` go to the Docker backend (its ``skyrl.run`` label, and how long an unclosed
+    sandbox may live); the other backends have neither.
 
     Raises ``ValueError`` naming what is missing when the backend's module is not available.
     """
@@ -143,5 +146,6 @@ def make_backend(name: str) -> SandboxBackend:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"the {name} backend is not available ({exc}); try --backend process") from exc
-    backend: SandboxBackend = getattr(module, class_name)()
+    options = {"run_id": run_id, "lifetime_s": lifetime_s} if name == "docker" else {}
+    backend: SandboxBackend = getattr(module, class_name)(**options)
     return backend

@@ -34,7 +34,7 @@ import contextvars
 import importlib
 import inspect
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -191,6 +191,17 @@ _IN_GENERATOR = contextvars.ContextVar("_IN_GENERATOR", default=False)
 """True inside the link's call of the generator's pause/resume (which may pause the link itself)."""
 
 
+async def _outside_generator(call: Callable[[], Awaitable[None]]) -> None:
+    """``call()`` (the generator's pause or resume), unless the link was called from inside one already."""
+    if _IN_GENERATOR.get():
+        return
+    token = _IN_GENERATOR.set(True)
+    try:
+        await call()
+    finally:
+        _IN_GENERATOR.reset(token)
+
+
 class GeneratorPauseLink:
     """An engine whose ``pause``/``resume`` also pause and resume a generator (see the module docstring).
 
@@ -224,23 +235,15 @@ class GeneratorPauseLink:
 
     async def pause(self) -> None:
         """Pause the generator (its clocks stop before in-flight requests are waited for), then the engine."""
-        if self.generator is not None and not _IN_GENERATOR.get():
-            token = _IN_GENERATOR.set(True)
-            try:
-                await self.generator.pause()
-            finally:
-                _IN_GENERATOR.reset(token)
+        if self.generator is not None:
+            await _outside_generator(self.generator.pause)
         await self.engine.pause()
 
     async def resume(self) -> None:
         """Resume the engine, then the generator."""
         await self.engine.resume()
-        if self.generator is not None and not _IN_GENERATOR.get():
-            token = _IN_GENERATOR.set(True)
-            try:
-                await self.generator.resume()
-            finally:
-                _IN_GENERATOR.reset(token)
+        if self.generator is not None:
+            await _outside_generator(self.generator.resume)
 
     async def close(self) -> None:
         """Close the inner engine."""
