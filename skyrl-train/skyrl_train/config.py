@@ -961,6 +961,15 @@ def _check_async(config: Config) -> list[str]:
     """``trainer.async_mode``: what overlapping generation with training cannot be combined with."""
     t = config.trainer
     problems = _check_stream(t)
+    limit = config.off_policy.max_token_staleness
+    if limit is not None and limit < 0:
+        problems.append(f"off_policy.max_token_staleness must be >= 0 or null (off), got {limit}")
+    if limit is not None and t.async_mode != "fully_async":
+        problems.append(
+            "off_policy.max_token_staleness masks tokens by the policy version that sampled them, and only "
+            "trainer.async_mode=fully_async records versions: set trainer.async_mode=fully_async or "
+            "off_policy.max_token_staleness=null"
+        )
     if t.async_mode == "sync":
         return problems
     mode = f"trainer.async_mode={t.async_mode}"

@@ -75,6 +75,7 @@ def make_loss_fn(objective: Objective) -> LossFn:
     def loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
         t = batch.tensors
         weights = t["token_weights"]
+        policy_weights, stale_metrics = _fresh_token_weights(weights, batch, objective)
         loss, metrics = policy_loss(
             output.log_probs,
             t["old_log_probs"],
@@ -82,9 +83,9 @@ def make_loss_fn(objective: Objective) -> LossFn:
             batch.response_mask,
             objective.policy_loss,
             t.get("rollout_log_probs"),
-            token_weights=weights,
+            token_weights=policy_weights,
         )
-        metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        metrics = {f"policy/{k}": v for k, v in {**metrics, **stale_metrics}.items()}
         metrics["policy/pg_loss"] = loss.item()
         if objective.use_kl_loss:
             kl, kl_metrics = kl_loss(
@@ -106,6 +107,28 @@ def make_loss_fn(objective: Objective) -> LossFn:
         return loss, metrics
 
     return loss_fn
+
+
+TOKEN_STALENESS = "token_staleness"
+"""``[B, T]`` float: how many policy versions older than the trained one each token's sampler was (0 for tokens
+the engine gave no version); the trainer fills it from ``tensors["policy_versions"]``."""
+
+
+def _fresh_token_weights(
+    weights: torch.Tensor, batch: TrainingBatch, objective: Objective
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy term's token weights with tokens staler than ``off_policy.max_token_staleness`` set to 0.
+
+    Zeroing weights (not the loss mask) keeps the reduction's normaliser, as the other off-policy corrections do,
+    and works for every registered loss, since each reduces with the weights it is given.
+    """
+    limit = objective.policy_loss.off_policy_correction.max_token_staleness
+    staleness = batch.tensors.get(TOKEN_STALENESS)
+    if limit is None or staleness is None:
+        return weights, {}
+    fresh = (staleness <= limit).to(weights.dtype)
+    stale_frac = masked_mean(1.0 - fresh, batch.response_mask).item()
+    return weights * fresh, {"off_policy/stale_token_frac": stale_frac}
 
 
 def make_value_loss_fn(value_clip: float | None) -> LossFn:

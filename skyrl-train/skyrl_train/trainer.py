@@ -78,11 +78,11 @@ from skyrl_train.dynamic_sampling import (
     collect_informative_groups,
     replace_uninformative_groups,
 )
-from skyrl_train.experience import Experience, concat_experiences, to_experience
+from skyrl_train.experience import POLICY_VERSIONS, Experience, concat_experiences, to_experience
 from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutput
 from skyrl_train.inference.base import InferenceEngine, SamplingParams
 from skyrl_train.inference.versioned import VersionedEngine
-from skyrl_train.objective import Objective, add_token_weights, make_loss_fn, make_value_loss_fn
+from skyrl_train.objective import TOKEN_STALENESS, Objective, add_token_weights, make_loss_fn, make_value_loss_fn
 from skyrl_train.timeline import Timeline, span_on
 
 logger = logging.getLogger(__name__)
@@ -424,6 +424,8 @@ class Trainer:
         """
         batch = experience.batch
         _check_rollout_log_probs(self.objective, batch)
+        if POLICY_VERSIONS in batch.tensors:
+            metrics.update(_add_token_staleness(batch, self.global_step))
         temperature = self.settings.logprob_temperature
         if old_log_probs:
             batch.tensors["old_log_probs"] = self.policy.forward(batch, temperature=temperature).log_probs.detach()
@@ -670,6 +672,20 @@ def _with_current_as_old(loss_fn: LossFn, gap: _GapSum) -> LossFn:
 
 
 _ROLLOUT = "rollout_log_probs"
+
+
+def _add_token_staleness(batch: TrainingBatch, version: int) -> Metrics:
+    """Store ``tensors["token_staleness"]`` (policy ``version`` minus each token's); return its mean and maximum.
+
+    Both statistics are over the generated tokens the engine gave a version.
+    """
+    versions = batch.tensors[POLICY_VERSIONS].float()
+    staleness = torch.where(versions >= 0, float(version) - versions, torch.zeros_like(versions))
+    batch.tensors[TOKEN_STALENESS] = staleness
+    generated = staleness[(batch.response_mask > 0) & (versions >= 0)]
+    if generated.numel() == 0:
+        return {}
+    return {"async/token_staleness": generated.mean().item(), "async/token_staleness_max": generated.max().item()}
 
 
 def _check_rollout_log_probs(objective: Objective, batch: TrainingBatch) -> None:

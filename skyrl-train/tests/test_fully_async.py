@@ -33,9 +33,10 @@ from skyrl_train.generators.base import GeneratorInput, GeneratorOutput
 from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig, SkyRLGymGenerator
 from skyrl_train.generators.testing import ScriptedEngine
 from skyrl_train.inference.base import GenerationOutput, SamplingParams
+from skyrl_train.inference.local import LocalEngine
 from skyrl_train.inference.versioned import VersionedEngine
 from skyrl_train.run import run
-from skyrl_train.wiring import stream_settings
+from skyrl_train.wiring import engine_settings, stream_settings
 
 from .test_run import _config, _metrics, distinct_chars_env  # noqa: F401 - the run's env, registered per test
 from .test_trainer import NoEngine, VariedScriptedRewards, _prompts, _trainer
@@ -259,6 +260,16 @@ class TwoTurnEnv(BaseTextEnv):
         return BaseTextEnvStepOutput(observations=observations, reward=float(done), done=done, metadata={})
 
 
+def _two_turn_request(params: SamplingParams) -> GeneratorInput:
+    return GeneratorInput(
+        prompts=[[{"role": "user", "content": "hi"}]],
+        env_classes=["test_two_turns"],
+        env_extras=[{}],
+        trajectory_ids=["p0:0"],
+        sampling_params=params,
+    )
+
+
 class HoldsTheFirstCall(ScriptedEngine):
     """A scripted engine whose first ``generate`` call waits until the test releases it."""
 
@@ -280,13 +291,7 @@ def test_a_rollout_running_through_a_weight_sync_records_each_turns_version(tiny
     inner = HoldsTheFirstCall(tokenizer, lambda request: "ok")
     engine = VersionedEngine(inner)
     generator = SkyRLGymGenerator(engine, tokenizer, GeneratorConfig(max_turns=2, max_env_workers=0))
-    request = GeneratorInput(
-        prompts=[[{"role": "user", "content": "hi"}]],
-        env_classes=["test_two_turns"],
-        env_extras=[{}],
-        trajectory_ids=["p0:0"],
-        sampling_params=SamplingParams(max_tokens=4),
-    )
+    request = _two_turn_request(SamplingParams(max_tokens=4))
 
     async def scenario() -> GeneratorOutput:
         rollout = asyncio.create_task(generator.generate(request))
@@ -314,6 +319,47 @@ def test_a_rollout_running_through_a_weight_sync_records_each_turns_version(tiny
     assert (group.oldest, group.newest, group.version) == ([0], [1], 0)
     assert stream_metrics(Taken([group]), version=1, max_staleness=1)["async/mixed_versions"] == 1.0
     assert group.experience.batch.tensors[POLICY_VERSIONS].max() == 1
+
+
+def test_a_weight_update_inside_a_running_turn_keeps_its_tokens_and_records_each_tokens_version(
+    tiny_model_dir: Path,
+) -> None:
+    skyrl_gym.register("test_two_turns", entry_point=TwoTurnEnv)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    inner = LocalEngine.from_pretrained(tiny_model_dir, pause_at="token")
+    engine = VersionedEngine(inner)
+    generator = SkyRLGymGenerator(engine, tokenizer, GeneratorConfig(max_turns=2, max_env_workers=0))
+    request = _two_turn_request(SamplingParams(max_tokens=200, temperature=1.0, seed=5))
+    new_weights = [(name, param.detach() * 1.5) for name, param in inner.model.named_parameters()]
+
+    async def scenario() -> tuple[GeneratorOutput, int]:
+        rollout = asyncio.create_task(generator.generate(request))
+        while inner.stats.forward_calls < 4:  # until turn 1 is decoding (on the worker thread)
+            await asyncio.sleep(0.001)
+        await engine.pause()
+        assert not rollout.done()
+        await engine.update_weights(new_weights)
+        engine.version = 1
+        await engine.resume()
+        output = await rollout
+        await inner.close()
+        return output, inner.stats.batches
+
+    try:
+        output, batches = asyncio.run(scenario())
+    finally:
+        skyrl_gym.deregister("test_two_turns")
+    assert batches == 2  # one per turn: the paused turn continued, nothing was generated twice
+    assert output.policy_versions is not None
+    mask, versions = output.loss_masks[0], output.policy_versions[0]
+    generated = [version for version, trained in zip(versions, mask, strict=True) if trained]
+    switch = generated.index(1)
+    assert switch > 0
+    assert generated == [0] * switch + [1] * (len(generated) - switch)
+    turn_one = output.response_ids[0][: mask.index(0)]  # the first turn's tokens, up to the first observation
+    assert switch < len(turn_one), "the update landed between the turns, not inside the first one"
+    group = make_group(output, 0, index=0, admitted=0)
+    assert (group.oldest, group.newest) == ([0], [1])
 
 
 def test_a_generator_without_versions_gets_its_admission_version() -> None:
@@ -392,6 +438,8 @@ def test_a_fully_async_run_overlaps_corrects_and_checkpoints_with_nothing_in_fli
         assert all(math.isfinite(value) for value in metrics.values())
         assert 0 <= metrics["async/staleness"] <= metrics["async/staleness_max"] <= 1  # max_staleness 1
         assert metrics["async/refilled"] <= metrics["async/evicted"]
+        # Weight syncs land between tokens of running rollouts; each token's version is measured against the step.
+        assert 0 <= metrics["async/token_staleness"] <= metrics["async/token_staleness_max"] <= 1
         assert metrics["policy/grad_norm"] > 0
         assert metrics["policy/off_policy/tis_weight_mean"] > 0  # token-level TIS, on by default
     logged = [json.loads(line) for line in (full.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -429,6 +477,11 @@ def test_fully_async_keys_are_derived_and_reach_the_stream() -> None:
     assert resolved.off_policy.tis_ratio_type == "token"
     assert resolved.trainer.max_inflight_groups == 8
     assert stream_settings(resolved) == StreamSettings(batch_size=8, max_staleness=1, max_inflight_groups=8)
+    # Weight syncs pause the in-process engine between tokens; replicas behind Ray wait for their calls instead.
+    assert engine_settings(resolved).options["pause_at"] == "token"
+    assert "pause_at" not in engine_settings(load_config(None, [])).options
+    replicas = load_config(None, ["trainer.async_mode=fully_async", "inference.num_engines=2"])
+    assert "pause_at" not in engine_settings(replicas).options
     chosen = load_config(None, ["trainer.max_staleness=3", "trainer.max_inflight_groups=2"])
     assert (stream_settings(chosen).max_staleness, stream_settings(chosen).inflight_limit) == (3, 2)
 

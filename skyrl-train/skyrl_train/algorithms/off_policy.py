@@ -39,6 +39,9 @@ class OffPolicyCorrectionConfig:
     product_mask_high: float = 2.0
     outlier_token_is_threshold_low: float | None = None  # mask a response if any token ratio falls below this
     outlier_token_is_threshold_high: float | None = None  # ... or rises above this
+    # Tokens sampled by a policy more than this many versions older than the one trained leave the policy loss
+    # (their weight becomes 0; the normaliser is unchanged). Needs per-token versions (trainer.async_mode=fully_async).
+    max_token_staleness: int | None = None
 
     @property
     def enabled(self) -> bool:

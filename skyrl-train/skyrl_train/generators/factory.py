@@ -225,6 +225,23 @@ class GeneratorPauseLink:
         """How many engines serve behind this one (an ``EngineGroup`` has several)."""
         return int(getattr(self.engine, "num_engines", 1))
 
+    @property
+    def pauses_at_token_boundary(self) -> bool:
+        """The inner engine's (see :class:`~skyrl_train.inference.versioned.VersionedEngine`)."""
+        return bool(getattr(self.engine, "pauses_at_token_boundary", False))
+
+    @property
+    def policy_version(self) -> int | None:
+        """The inner engine's policy version, recorded on the tokens it samples (None when it records none)."""
+        version = getattr(self.engine, "policy_version", None)
+        return version if isinstance(version, int) else None
+
+    @policy_version.setter
+    def policy_version(self, version: int | None) -> None:
+        if not self.pauses_at_token_boundary:
+            raise AttributeError("the inner engine records no per-token versions (pauses_at_token_boundary is off)")
+        self.engine.policy_version = version  # type: ignore[attr-defined]  # engines that pause between tokens have it
+
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
         """The inner engine's ``generate``."""
         return await self.engine.generate(prompts, params)

@@ -46,6 +46,8 @@ class GenerationOutput:
     text: str | None = None  # the decoded text, when the engine decodes
     metadata: dict[str, object] = field(default_factory=dict)
     policy_version: int | None = None  # the policy version that generated it, when the engine tracks versions
+    # Per token, when the engine can change weights between tokens of one completion (LocalEngine, pause_at="token").
+    token_policy_versions: list[int] | None = None
 
 
 @runtime_checkable

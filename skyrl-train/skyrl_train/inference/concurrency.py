@@ -16,6 +16,36 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
+
+
+class Pausable(Protocol):
+    """Anything with a pause state: :class:`PauseGate`, and the engines built on it."""
+
+    @property
+    def paused(self) -> bool:
+        """Whether new work is held."""
+        ...
+
+    async def pause(self) -> None:
+        """Hold new work; return once the target is quiet."""
+        ...
+
+    async def resume(self) -> None:
+        """Let held work proceed."""
+        ...
+
+
+@asynccontextmanager
+async def paused_during(target: Pausable) -> AsyncIterator[None]:
+    """Run a block with ``target`` paused; restore its previous pause state afterwards (also on error)."""
+    was_paused = target.paused
+    await target.pause()
+    try:
+        yield
+    finally:
+        if not was_paused:
+            await target.resume()
 
 
 class PauseGate:
@@ -68,13 +98,8 @@ class PauseGate:
     @asynccontextmanager
     async def quiesced(self) -> AsyncIterator[None]:
         """Run a block with no work inside and new work held; restores the previous pause state afterwards."""
-        was_paused = self._paused
-        await self.pause()
-        try:
+        async with paused_during(self):
             yield
-        finally:
-            if not was_paused:
-                await self.resume()
 
     def _bound_condition(self) -> asyncio.Condition:
         loop = asyncio.get_running_loop()

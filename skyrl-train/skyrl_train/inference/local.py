@@ -21,6 +21,13 @@ For tests, CPU runs and small models where starting vLLM costs more than it save
 - Seeds: prompt ``i`` of a call with ``seed=s`` draws from its own generator seeded with ``s + i``, so a seeded
   call reproduces its output regardless of what else shares the batch (up to floating-point differences
   between batch shapes). Unseeded prompts share a generator seeded once from ``LocalEngineConfig.seed``.
+- Pausing (``LocalEngineConfig.pause_at``): ``"sequence_end"`` holds new calls and waits for the running ones to
+  finish, so weights never change under a sequence. ``"token"`` pauses at the next token boundary instead: the
+  running batch leaves the worker thread with its state (KV cache, sampled tokens), weight loads run meanwhile, and
+  on :meth:`LocalEngine.resume` the batch continues where it stopped, so an in-flight update aborts nothing. The KV
+  cache of the tokens before the pause stays as the old weights computed it (as in PipelineRL); every later token
+  is sampled from logits of the new weights. Each sampled token records :attr:`LocalEngine.policy_version` at the
+  moment it was sampled (``GenerationOutput.token_policy_versions``); whoever loads weights sets it while paused.
 - A sequence stops at the tokenizer's/model's EOS or a ``stop_token_ids`` token (kept in the output), at a
   stop string (needs a tokenizer; the token that completes it is kept and ``text`` ends with the string), or
   after ``max_tokens`` tokens or at the context limit (``"length"``).
@@ -30,19 +37,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.inference.base import GenerationOutput, SamplingParams, StopReason
-from skyrl_train.inference.concurrency import PauseGate
+from skyrl_train.inference.concurrency import PauseGate, paused_during
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+PauseAt = Literal["sequence_end", "token"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class LocalEngineConfig:
     max_model_len: int | None = None  # prompt + completion tokens at most; None: max_position_embeddings
     seed: int = 0  # seeds the generator shared by requests without their own seed
     return_text: bool = True  # decode each completion into GenerationOutput.text (needs a tokenizer)
+    pause_at: PauseAt = "sequence_end"  # "token": pause() stops running batches at the next token (module docstring)
 
 
 @dataclass
@@ -84,8 +96,24 @@ class _Row:
     budget: int  # new tokens allowed
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)  # LocalEngine.policy_version when each token was drawn
     stop_reason: StopReason | None = None
     stop_string: str | None = None
+
+
+@dataclass
+class _Decoding:
+    """A batch between two decoding steps: everything needed to continue it later (on the worker thread)."""
+
+    rows: list[_Row]  # every row of the batch, in request order
+    live: list[_Row]  # the rows still decoding, aligned with the tensors below
+    stoppers: list[_Stopper]
+    sampler: _Sampler
+    cache: Any
+    attention_mask: torch.Tensor  # [B_live, L]
+    positions: torch.Tensor  # [B_live, n] position ids of ``feed``
+    feed: torch.Tensor  # [B_live, n] ids the next forward pass reads: the prompts, then the latest tokens
+    logits: torch.Tensor | None = None  # [B_live, V] of the next token, once the forward pass has run
 
 
 class EngineClosedError(RuntimeError):
@@ -123,7 +151,11 @@ class LocalEngine:
         self._rng = torch.Generator(device=self.device).manual_seed(self.config.seed)
         self._owns_compute = compute is None
         self._compute = compute or ComputeThread("local-engine")
+        # "sequence_end": generate() holds a place in the gate for its whole call. "token": the batching loop holds
+        # one for each stretch of decoding, and _at_boundary asks the running stretch to stop at the next token.
         self._gate = PauseGate()
+        self._at_boundary = threading.Event()
+        self.policy_version: int | None = None  # recorded on each sampled token; set it while the engine is paused
         self.asleep = False  # sleep() moved the model to host memory (GPU only)
         self._queue: asyncio.Queue[_Request] | None = None
         self._batcher: asyncio.Task[None] | None = None
@@ -149,7 +181,7 @@ class LocalEngine:
         if self.asleep:
             raise RuntimeError("the engine is asleep (its GPU memory lent to training): call wake_up() first")
         self._validate(prompts, params)
-        async with self._gate.admit():
+        async with self._call_gate():
             queue = self._bind_loop()
             loop = asyncio.get_running_loop()
             futures = []
@@ -160,27 +192,51 @@ class LocalEngine:
                 futures.append(future)
             return list(await asyncio.gather(*futures))
 
+    @property
+    def pauses_at_token_boundary(self) -> bool:
+        """Whether :meth:`pause` stops running batches at the next token (``pause_at="token"``)."""
+        return self.config.pause_at == "token"
+
+    def _call_gate(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The gate a whole ``generate`` call passes: the pause gate, unless pauses happen between tokens."""
+        return contextlib.nullcontext() if self.pauses_at_token_boundary else self._gate.admit()
+
+    def _stretch_gate(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The gate each stretch of decoding passes: the pause gate when pauses happen between tokens."""
+        return self._gate.admit() if self.pauses_at_token_boundary else contextlib.nullcontext()
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` holds the engine's work."""
+        return self._gate.paused
+
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy ``(name, tensor)`` pairs (Hugging Face names, any device/dtype) into the model in place.
 
-        Waits for running ``generate`` calls to finish and holds new ones until the weights are loaded. Raises
-        ``KeyError`` for a name the model does not have and ``ValueError`` for a shape mismatch; pairs before
-        the bad one are already loaded then.
+        Pauses the engine meanwhile unless it is paused already (see :meth:`pause`: with ``pause_at="token"``
+        running sequences continue after the load, under the new weights). Raises ``KeyError`` for a name the
+        model does not have and ``ValueError`` for a shape mismatch; pairs before the bad one are already loaded
+        then.
         """
         self._check_open()
-        async with self._gate.quiesced():
+        async with paused_during(self):  # without model work of this engine on the worker thread
             await self._compute.acall(self._load_weights, weights)
 
     async def sleep(self) -> None:
         """On a GPU: move the model to host memory and return the cached blocks to the driver; on CPU: nothing.
 
-        Waits for running ``generate`` calls; :meth:`wake_up` moves the model back.
+        Waits for running ``generate`` calls (with ``pause_at="token"``: pauses them, until :meth:`wake_up`);
+        :meth:`wake_up` moves the model back.
         """
         self._check_open()
         if self.device.type != "cuda" or self.asleep:
             return
-        async with self._gate.quiesced():
+        if self.pauses_at_token_boundary:  # a paused batch keeps its cache on the device: it must not run meanwhile
+            await self.pause()
             await self._compute.acall(self._move_model, torch.device("cpu"))
+        else:
+            async with self._gate.quiesced():
+                await self._compute.acall(self._move_model, torch.device("cpu"))
         self.asleep = True
 
     async def wake_up(self) -> None:
@@ -189,6 +245,8 @@ class LocalEngine:
         if self.asleep:
             await self._compute.acall(self._move_model, self.device)
             self.asleep = False
+            if self.pauses_at_token_boundary:
+                await self.resume()
 
     def _move_model(self, device: torch.device) -> None:
         torch.nn.Module.to(self.model, device)
@@ -196,11 +254,18 @@ class LocalEngine:
             torch.cuda.empty_cache()
 
     async def pause(self) -> None:
-        """Hold new ``generate`` calls; return once running ones have finished."""
+        """Hold new work; return once the worker thread is free of this engine's generation.
+
+        ``pause_at="sequence_end"``: new ``generate`` calls wait, running ones finish first. ``"token"``: running
+        batches stop at the next token boundary and wait (their calls stay pending) until :meth:`resume`.
+        """
+        if self.pauses_at_token_boundary:
+            self._at_boundary.set()
         await self._gate.pause()
 
     async def resume(self) -> None:
-        """Let held ``generate`` calls proceed."""
+        """Let held work proceed (paused batches continue, with whatever weights are loaded now)."""
+        self._at_boundary.clear()
         await self._gate.resume()
 
     async def close(self) -> None:
@@ -242,7 +307,7 @@ class LocalEngine:
             if not batch:
                 continue
             try:
-                outputs = await self._compute.acall(self._generate_batch, batch)
+                outputs = await self._run_batch(batch)
             except asyncio.CancelledError:  # close(): nobody will deliver this batch's results any more
                 _fail(batch, EngineClosedError("the engine was closed during generation"))
                 raise
@@ -252,6 +317,16 @@ class LocalEngine:
             for request, output in zip(batch, outputs, strict=True):
                 if not request.future.done():  # the caller may have been cancelled meanwhile
                     request.future.set_result(output)
+
+    async def _run_batch(self, batch: list[_Request]) -> list[GenerationOutput]:
+        """Decode ``batch`` on the worker thread, in stretches that end at a pause (``pause_at="token"``)."""
+        decoding: _Decoding | None = None
+        while True:
+            async with self._stretch_gate():
+                result = await self._compute.acall(self._generate_batch, batch, decoding)
+            if not isinstance(result, _Decoding):
+                return result
+            decoding = result
 
     async def _next_batch(self, queue: asyncio.Queue[_Request]) -> list[_Request]:
         """The next batch: the first request, plus whatever else arrives within the window, up to the maximum."""
@@ -265,55 +340,83 @@ class LocalEngine:
     # -- model work (worker thread) ------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _generate_batch(self, requests: list[_Request]) -> list[GenerationOutput]:
-        """Generate every request of a batch to completion; runs on the worker thread."""
-        rows = [_Row(r, min(r.params.max_tokens, self.max_model_len - len(r.prompt))) for r in requests]
-        live = [row for row in rows if row.budget > 0]
-        for row in rows:
-            if row.budget <= 0:
-                row.stop_reason = "length"
-        if live:
-            self._decode(live)
+    def _generate_batch(
+        self, requests: list[_Request], decoding: _Decoding | None = None
+    ) -> list[GenerationOutput] | _Decoding:
+        """Decode a batch (or continue a paused one) until every row stops; runs on the worker thread.
+
+        When a pause asks it to stop between two tokens first, it returns the batch's state for a later call.
+        """
+        if decoding is None:
+            rows = [_Row(r, min(r.params.max_tokens, self.max_model_len - len(r.prompt))) for r in requests]
+            for row in rows:
+                if row.budget <= 0:
+                    row.stop_reason = "length"
+            decoding = self._start([row for row in rows if row.budget > 0], rows)
+        if decoding.live and not self._decode(decoding):
+            return decoding
+        rows = decoding.rows
         self.stats.batches += 1
         self.stats.sequences += len(rows)
         self.stats.generated_tokens += sum(len(row.tokens) for row in rows)
         return [self._output(row) for row in rows]
 
-    def _decode(self, rows: list[_Row]) -> None:
-        """Prefill the left-padded prompts, then sample one token per live row per step until all stop."""
+    def _start(self, live: list[_Row], rows: list[_Row]) -> _Decoding:
+        """The state of a batch before its prefill: left-padded prompts and a cache sized for the longest budget."""
         from skyrl_train.inference.decoding import preallocated_cache
 
-        input_ids, attention_mask = self._left_pad([row.request.prompt for row in rows])
+        if not live:
+            empty = torch.empty(0, 0, dtype=torch.long)
+            return _Decoding(rows, [], [], _Sampler([], self.device, self._rng), None, empty, empty, empty)
+        input_ids, attention_mask = self._left_pad([row.request.prompt for row in live])
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = preallocated_cache(self.model, input_ids.shape[1] + max(row.budget for row in rows))
-        logits = self._forward(input_ids, attention_mask, positions, cache)
-        next_positions = positions[:, -1] + 1
-        sampler = _Sampler([row.request for row in rows], self.device, self._rng)
-        stoppers = [_Stopper(row.request.params, self.eos_token_ids, self.tokenizer) for row in rows]
+        cache = preallocated_cache(self.model, input_ids.shape[1] + max(row.budget for row in live))
+        sampler = _Sampler([row.request for row in live], self.device, self._rng)
+        stoppers = [_Stopper(row.request.params, self.eos_token_ids, self.tokenizer) for row in live]
+        return _Decoding(rows, live, stoppers, sampler, cache, attention_mask, positions, input_ids)
+
+    def _decode(self, state: _Decoding) -> bool:
+        """Run forward passes and sample one token per live row per step; True once all rows stopped.
+
+        False when a pause asked to stop first: ``state`` then holds where to continue (the next step's forward
+        pass has not run, so the next token is drawn from the weights loaded by then).
+        """
         while True:
-            tokens, logprobs = sampler.sample(logits)
+            if state.logits is None:
+                if self._at_boundary.is_set():
+                    return False
+                state.logits = self._forward(state.feed, state.attention_mask, state.positions, state.cache)
+            tokens, logprobs = state.sampler.sample(state.logits)
             keep = []
             # One device-to-host copy per step, not one per row (matters on CUDA).
             step_tokens, step_logprobs = tokens.tolist(), logprobs.tolist()
-            for j, (row, stopper) in enumerate(zip(rows, stoppers, strict=True)):
+            version = self.policy_version
+            for j, (row, stopper) in enumerate(zip(state.live, state.stoppers, strict=True)):
                 row.tokens.append(step_tokens[j])
                 row.logprobs.append(step_logprobs[j])
+                row.versions.append(version)
                 row.stop_reason, row.stop_string = stopper.check(row.tokens, row.budget)
                 if row.stop_reason is None:
                     keep.append(j)
             if not keep:
-                return
+                return True
             if self._closed:  # close() already failed this batch's callers; stop spending compute on it
                 raise EngineClosedError("the engine was closed during generation")
-            if len(keep) < len(rows):  # drop finished rows so later steps compute only live ones
+            next_positions = state.positions[:, -1] + 1
+            if len(keep) < len(state.live):  # drop finished rows so later steps compute only live ones
                 index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                attention_mask, next_positions, tokens = attention_mask[index], next_positions[index], tokens[index]
-                sampler.select(index)
-                rows, stoppers = [rows[j] for j in keep], [stoppers[j] for j in keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
-            logits = self._forward(tokens[:, None], attention_mask, next_positions[:, None], cache)
-            next_positions = next_positions + 1
+                state.cache.batch_select_indices(index)
+                state.attention_mask, next_positions, tokens = (
+                    state.attention_mask[index],
+                    next_positions[index],
+                    tokens[index],
+                )
+                state.sampler.select(index)
+                state.live, state.stoppers = [state.live[j] for j in keep], [state.stoppers[j] for j in keep]
+            state.attention_mask = torch.cat(
+                [state.attention_mask, state.attention_mask.new_ones(len(state.live), 1)], dim=1
+            )
+            state.feed, state.positions, state.logits = tokens[:, None], next_positions[:, None], None
 
     def _forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache: Any
@@ -347,12 +450,14 @@ class LocalEngine:
             text = _truncate_after(str(self.tokenizer.decode(row.tokens, skip_special_tokens=True)), row.stop_string)
         metadata: dict[str, object] = {} if row.stop_string is None else {"stop_string": row.stop_string}
         assert row.stop_reason is not None
+        versions = [v for v in row.versions if v is not None]
         return GenerationOutput(
             token_ids=row.tokens,
             logprobs=row.logprobs if row.request.params.logprobs else None,
             stop_reason=row.stop_reason,
             text=text,
             metadata=metadata,
+            token_policy_versions=versions if row.tokens and len(versions) == len(row.tokens) else None,
         )
 
     @torch.no_grad()

@@ -10,6 +10,13 @@ and returns once the calls inside have finished; only then is the inner engine p
 version current when it passes the door, so the stamp is the version it generated with: a call that waited through
 a weight sync is stamped with the new version, a call that finished before it with the old one. Whoever loads new
 weights sets :attr:`VersionedEngine.version` while the engine is paused (``Trainer.sync_weights`` does).
+
+An inner engine that pauses at token boundaries (``pauses_at_token_boundary``: a
+:class:`~skyrl_train.inference.local.LocalEngine` with ``pause_at="token"``) changes weights in the middle of a
+completion and records a version per token itself. Then the adapter's gate stays open (a pause must not wait for
+running calls: they are what keeps going across the update), setting :attr:`VersionedEngine.version` sets the inner
+engine's ``policy_version``, and each output's ``token_policy_versions`` come from the inner engine; its
+``policy_version`` is the version of its first token, the oldest.
 """
 
 from __future__ import annotations
@@ -35,8 +42,20 @@ class VersionedEngine:
 
     def __init__(self, engine: InferenceEngine, version: int = 0) -> None:
         self.engine = engine
-        self.version = version  # the policy version (optimizer steps) of the weights the engine generates with
+        self.per_token = bool(getattr(engine, "pauses_at_token_boundary", False))
         self._gate = PauseGate()
+        self.version = version
+
+    @property
+    def version(self) -> int:
+        """The policy version (optimizer steps) of the weights the engine generates with."""
+        return self._version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self._version = version
+        if self.per_token:
+            self.engine.policy_version = version  # type: ignore[attr-defined]  # checked by per_token
 
     @property
     def paused(self) -> bool:
@@ -50,6 +69,9 @@ class VersionedEngine:
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
         """The inner engine's completions, each with ``policy_version`` set; waits while paused."""
+        if self.per_token:
+            outputs = await self.engine.generate(prompts, params)
+            return [_stamped_per_token(output, self.version) for output in outputs]
         async with self._gate.admit():
             version = self.version
             outputs = await self.engine.generate(prompts, params)
@@ -60,15 +82,31 @@ class VersionedEngine:
         await self.engine.update_weights(weights)
 
     async def pause(self) -> None:
-        """Hold new calls, wait for the running ones to finish, then pause the inner engine."""
-        await self._gate.pause()
+        """Hold new calls, wait for the running ones to finish, then pause the inner engine.
+
+        With an inner engine that pauses at token boundaries: only the inner engine's pause (running calls wait).
+        """
+        if not self.per_token:
+            await self._gate.pause()
         await self.engine.pause()
 
     async def resume(self) -> None:
         """Resume the inner engine, then let held calls in (they are stamped with the version set meanwhile)."""
         await self.engine.resume()
-        await self._gate.resume()
+        if not self.per_token:
+            await self._gate.resume()
 
     async def close(self) -> None:
         """Close the inner engine."""
         await self.engine.close()
+
+
+def _stamped_per_token(output: GenerationOutput, version: int) -> GenerationOutput:
+    """``output`` with ``policy_version`` set to its first token's version (``version`` if it has no tokens)."""
+    versions = output.token_policy_versions
+    if versions is None and output.token_ids:
+        raise RuntimeError(
+            "the engine pauses at token boundaries but reported no per-token versions: it must record "
+            "token_policy_versions whenever its policy_version is set"
+        )
+    return dataclasses.replace(output, policy_version=versions[0] if versions else version)
