@@ -125,3 +125,8 @@ def test_swe_example_trains_two_steps_from_the_cli(tmp_path: Path, long_tiny_mod
         assert line["agent/outcome/agent_error/count"] == 0
         assert line["generate/num_generated_tokens/mean"] > 0
         assert 0.0 <= line["reward/mean"] <= 1.0
+    # The run's timeline holds the episodes' phases: sandbox starts and closes, env init, LLM calls on the engine.
+    trace = json.loads((run_dir / "trace.json").read_text())
+    spans = {(event["cat"], event["name"]) for event in trace["traceEvents"] if event["ph"] == "X"}
+    assert {("sandbox", "start"), ("sandbox", "close"), ("env", "init"), ("engine", "generate")} <= spans, spans
+    assert 0 < steps[0]["timing/engine_busy_fraction"] <= 1

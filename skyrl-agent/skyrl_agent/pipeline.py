@@ -22,6 +22,7 @@ from skyrl_agent.dispatch import Dispatcher, DispatcherConfig, Episode, GradeRes
 from skyrl_agent.dispatch.dispatcher import LLMFactory, TrajectoryLike
 from skyrl_agent.llm.base import LLMClient, Message
 from skyrl_agent.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from skyrl_agent.spans import SpannedEnv, SpanRecorder, span_on
 from skyrl_agent.tasks.format import SWETask
 from skyrl_agent.tasks.grading import grade
 
@@ -42,6 +43,7 @@ class SWEPipeline:
             directory, and ``labels`` are added to the spec's own.
         env_options: Extra :class:`SWEEnv` options (``command_timeout_s``, ``max_output_chars``).
         on_finished: Called with the episode and whether it was resolved, once it is graded or truncated.
+        spans: Where to record sandbox start/close, env calls and grading as spans (:mod:`skyrl_agent.spans`).
     """
 
     backend: SandboxBackend
@@ -50,6 +52,7 @@ class SWEPipeline:
     spec: SandboxSpec = field(default_factory=SandboxSpec)
     env_options: Mapping[str, Any] = field(default_factory=dict)
     on_finished: Callable[[Episode, bool], None] | None = None
+    spans: SpanRecorder | None = None
 
     @property
     def env_max_turns(self) -> int:
@@ -69,14 +72,16 @@ class SWEPipeline:
     async def acquire(self, episode: Episode) -> Sandbox:
         """A fresh sandbox for the episode's task."""
         task = _task(episode)
-        return await self.backend.create(self._spec(task, {TASK_LABEL: task.id}))
+        with span_on(self.spans, "sandbox", "start"):
+            return await self.backend.create(self._spec(task, {TASK_LABEL: task.id}))
 
     async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Trajectory:
         """Run the agent on the borrowed sandbox; the env returns the diff on submit without grading it."""
         options = {**self.env_options, "task": _task(episode), "sandbox": sandbox, "grade": False}
         env = SWEEnv(extras={**options, "max_turns": self.env_max_turns})
+        driven = env if self.spans is None else SpannedEnv(env, self.spans)
         try:
-            trajectory = await ReActAgent(llm, env, self.agent).run([], ctx)
+            trajectory = await ReActAgent(llm, driven, self.agent).run([], ctx)
         finally:
             await env.aclose()
         if trajectory.truncated:
@@ -87,7 +92,8 @@ class SWEPipeline:
         """Grade the submission in a fresh sandbox: reward 1.0 when resolved, else 0.0."""
         task = _task(episode)
         submission = getattr(trajectory, "submission", None) or ""
-        verdict = await grade(task, submission, self.backend, spec=self._spec(task, {}))
+        with span_on(self.spans, "reward", "grade"):
+            verdict = await grade(task, submission, self.backend, spec=self._spec(task, {}))
         self._finished(episode, resolved=verdict.resolved)
         details = {"status": verdict.status, "tests": dict(verdict.tests), "fail_to_pass": dict(verdict.fail_to_pass),
                    "pass_to_pass": dict(verdict.pass_to_pass), "error": verdict.error,
@@ -96,7 +102,8 @@ class SWEPipeline:
 
     async def release(self, sandbox: Sandbox) -> None:
         """Close the sandbox."""
-        await sandbox.close()
+        with span_on(self.spans, "sandbox", "close"):
+            await sandbox.close()
 
     def _spec(self, task: SWETask, labels: Mapping[str, str]) -> SandboxSpec:
         labels = {**self.spec.labels, **self.labels, **labels}

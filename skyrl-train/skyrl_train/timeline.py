@@ -8,6 +8,8 @@ Roles record spans into one :class:`Timeline`, each span on a *lane*:
     engine    one span per generation call, from request to answer (overlapping calls overlap)
     engine i  with engines as actors (an ``EngineGroup``), one span per request on the engine that served it
     env       one span per env call (init, step, metrics, close)
+    sandbox   agent episodes (skyrl-agent): sandbox start and close
+    reward    agent episodes: grading a submission (in a sandbox of its own)
 
 A lane's *busy fraction* over a window is the length of the union of its spans in the window over the window's
 length: the engine lane's is the share of the time at least one request was in the engines, the trainer lane's the
@@ -36,10 +38,19 @@ from typing import Any
 
 __all__ = ["LANES", "Span", "Timeline", "span_on", "union_length"]
 
-LANES = ("step", "trainer", "sync", "engine", "env")  # drawn in this order; other lanes follow alphabetically
+# Drawn in this order; other lanes follow alphabetically.
+LANES = ("step", "trainer", "sync", "engine", "env", "sandbox", "reward")
 TRACE_FILE = "trace.json"
 PNG_FILE = "timeline.png"
-COLORS = {"step": "#bbbbbb", "trainer": "#4c72b0", "sync": "#dd8452", "engine": "#55a868", "env": "#c44e52"}
+COLORS = {
+    "step": "#bbbbbb",
+    "trainer": "#4c72b0",
+    "sync": "#dd8452",
+    "engine": "#55a868",
+    "env": "#c44e52",
+    "sandbox": "#937860",
+    "reward": "#da8bc3",
+}
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from skyrl_agent.llm.base import (
 )
 from skyrl_agent.pipeline import SWEPipeline
 from skyrl_agent.sandbox.base import SandboxBackend
+from skyrl_agent.spans import SpanRecorder, span_on
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +81,7 @@ class TrainEngineClient:
         seed_offset: Added to a seeded call's seed, with ``seed_stride`` per earlier call, so that the samples of
             one prompt and the turns of one episode draw different noise (and a rerun draws the same).
         seed_stride: See ``seed_offset`` (use the batch size).
+        spans: Where to record each engine call as a ``generate`` span on the ``engine`` lane.
 
     Raises (from :meth:`complete`):
         LLMError: The engine raised or aborted the request. LLMResponseError: Its output was malformed.
@@ -94,8 +96,10 @@ class TrainEngineClient:
         max_input_length: int | None = None,
         seed_offset: int = 0,
         seed_stride: int = 1,
+        spans: SpanRecorder | None = None,
     ) -> None:
         self.engine, self.chat, self.base_params = engine, chat, base_params
+        self.spans = spans
         self.max_input_length = max_input_length
         self.seed_offset, self.seed_stride = seed_offset, seed_stride
         self.calls = 0
@@ -112,7 +116,8 @@ class TrainEngineClient:
         engine_params = self._engine_params(params)
         self.calls += 1
         try:
-            outputs = await self.engine.generate([ids], engine_params)
+            with span_on(self.spans, "engine", "generate"):
+                outputs = await self.engine.generate([ids], engine_params)
         except Exception as exc:  # any engine failure is the model's side failing, not the agent's
             raise LLMError(f"engine.generate raised {type(exc).__name__}: {exc}") from exc
         completion = self._completion(outputs, ids, engine_params)
@@ -261,6 +266,8 @@ class AgentGenerator:
         self.clock = PausableClock()  # shared by every batch's dispatcher, so one pause holds them all
         self.engine = PausingEngine(engine, self.clock)
         self._inner_engine = engine
+        # Set by a skyrl-train run to its timeline: sandbox starts, env calls, LLM calls and grading become spans.
+        self.timeline: SpanRecorder | None = None
 
     async def pause(self) -> None:
         """Stop the episode clock and pause the engine (e.g. around a weight sync)."""
@@ -313,7 +320,9 @@ class AgentGenerator:
         )
         budget = self.config.max_input_length  # the agent stops for lack of context before the engine would
         agent = AgentConfig(max_turns=self.config.max_turns, context_budget_tokens=budget, params=params)
-        return SWEPipeline(self.backend, agent, labels=self.config.labels, env_options=self.config.env_options)
+        return SWEPipeline(
+            self.backend, agent, labels=self.config.labels, env_options=self.config.env_options, spans=self.timeline
+        )
 
     def _engine_clients(self, batch: GeneratorInput) -> LLMFactory:
         """A fresh client per episode attempt: a client holds one conversation's ids."""
@@ -328,6 +337,7 @@ class AgentGenerator:
                 max_input_length=self.config.max_input_length,
                 seed_offset=int(episode.data["index"]),
                 seed_stride=size,
+                spans=self.timeline,
             )
 
         return client

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from skyrl_train.generators.chat import ChatEncoder
 from skyrl_train.inference.base import SamplingParams as EngineParams
 from skyrl_train.inference.local import LocalEngine
 from skyrl_train.models.tiny import TinyModelSpec, build_tiny_model
+from skyrl_train.timeline import Timeline
 
 MAX_TURNS = 5
 SUBMIT_REPLY = bash_block(SUBMIT)
@@ -166,6 +168,22 @@ def test_generator_on_shipped_tasks_with_scripted_policies() -> None:
         assert metrics["turns"] == len(replies)
     experience = to_experience(output, pad_token_id=0)  # the trainer can collate it
     assert experience.group_index.tolist() == [0, 0, 1, 1]  # the samples of one task form one group
+
+
+def test_a_runs_timeline_gets_sandbox_env_and_reward_spans() -> None:
+    tasks = load_suite()[:2]
+    generator = AgentGenerator(ProcessBackend(), CHAT, llm=_oracle_or_null, config=_fast())
+    timeline = Timeline()
+    generator.timeline = timeline  # what a skyrl-train run does with a generator that has the attribute
+    output = asyncio.run(generator.generate(_batch(tasks, samples=2)))
+    count = Counter((span.lane, span.name) for span in timeline.spans)
+    turns = sum(int(metrics["turns"]) for metrics in output.env_metrics)
+    assert count[("sandbox", "start")] == count[("sandbox", "close")] == 4  # one sandbox per episode
+    assert count[("env", "init")] == 4
+    assert count[("env", "step")] == turns  # each tool call the agent made
+    assert count[("reward", "grade")] == 4  # every episode submitted, and each submission was graded
+    assert all(span.end >= span.start for span in timeline.spans)
+    assert {"sandbox", "env", "reward"} <= set(timeline.lanes())
 
 
 class FailingBackend:
