@@ -30,6 +30,11 @@ the timed steps. Busy fractions are the trainer's own metrics, averaged over the
 occupancy (modelled work over what every slot could have done) is reported beside it. Staleness, its histogram,
 evictions and refills are the trainer's ``async/*`` metrics.
 
+Part 1b, the SWE path (``async_swe.py``; not with ``--skip-swe``). The same three modes on real SWE episodes of
+skyrl-agent (process sandboxes, shipped tasks, graded by their hidden tests) with its latency oracle as the policy:
+each LLM call waits on a modelled GPU, sandbox starts, tool calls and grading take their real time. Same columns;
+``--swe-*`` flags set its sizes.
+
 Part 2, learning (not with ``--quick``). The quickstart task (``skyrl_train.quickstart``): one SFT warm start, then
 ``--learning-steps`` (default 200, the quickstart's) GRPO steps of 32 prompts × 8 samples from it in each mode, the
 same trajectories' worth in each, through ``skyrl_train.run.run`` with the tiny model and its local engine on the
@@ -49,41 +54,30 @@ import asyncio
 import dataclasses
 import datetime
 import functools
-import itertools
 import json
-import math
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from _async_model import ModelledEngine, ModelledRun, StepRecord, mode_config, modelled_gpu, serving, summarise
 from _machine import host_info
 from agent_bench import render, targets_table
+from async_swe import SWE_TINY, SWEWorkload, swe_part
 
 import skyrl_gym
-from skyrl_agent.llm.base import Usage
-from skyrl_agent.llm.scripted import ModelledGPU
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
-from skyrl_train.async_buffer import RolloutStream
-from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
-from skyrl_train.compute_thread import ComputeThread
-from skyrl_train.config import Config, apply_overrides, from_dict, load_config, resolve, to_dict
+from skyrl_train.config import Config, apply_overrides, from_dict, to_dict
 from skyrl_train.data.dataset import PromptRecord
-from skyrl_train.data.loader import PromptLoader
 from skyrl_train.generators import SkyRLGymGenerator
-from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
-from skyrl_train.inference.versioned import VersionedEngine
 from skyrl_train.models.tiny import build_tokenizer
 from skyrl_train.timeline import Timeline
-from skyrl_train.trainer import Metrics, Trainer
-from skyrl_train.wiring import generator_config, loop_settings, objective_of, sampling_params, stream_settings
+from skyrl_train.wiring import generator_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "async_bench.json"
@@ -192,109 +186,18 @@ class SlowToolEnv(BaseTextEnv):
         )
 
 
-class ModelledEngine:
-    """An ``InferenceEngine`` that answers a fixed reply after its time on a shared :class:`ModelledGPU`."""
-
-    def __init__(self, gpu: ModelledGPU, reply_ids: list[int], sync_s: float) -> None:
-        self.gpu = gpu
-        self.reply_ids = reply_ids
-        self.sync_s = sync_s
-        self._running = asyncio.Event()
-        self._running.set()
-
-    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
-        await self._running.wait()
-        return list(await asyncio.gather(*(self._answer(prompt, params) for prompt in prompts)))
-
-    async def _answer(self, prompt: Sequence[int], params: SamplingParams) -> GenerationOutput:
-        ids = self.reply_ids[: params.max_tokens]
-        await self.gpu.generate(Usage(len(prompt), len(ids)))
-        logprobs = [-0.5] * len(ids) if params.logprobs else None
-        return GenerationOutput(list(ids), logprobs, "stop" if len(ids) == len(self.reply_ids) else "length")
-
-    async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        for _ in weights:
-            pass
-        await asyncio.sleep(self.sync_s)
-
-    async def pause(self) -> None:
-        self._running.clear()
-
-    async def resume(self) -> None:
-        self._running.set()
-
-    async def close(self) -> None:
-        return None
-
-
-class ModelledPolicy:
-    """A ``TrainingBackend`` whose update computes the real loss on the rollout log-probs, then waits its time.
-
-    The wait (``update_s_per_row`` per trajectory) stands for the GPU's forward, backward and optimizer step; it
-    runs where the trainer runs its model work (the compute thread), never on the event loop.
-    """
-
-    def __init__(self, update_s_per_row: float) -> None:
-        self.update_s_per_row = update_s_per_row
-        self._grad_sq = 0.0
-
-    def has_active_dropout(self) -> bool:
-        return False  # one update on one mini-batch: the trainer reuses its forward pass for the old log-probs
-
-    def forward(self, batch: TrainingBatch, *, temperature: float = 1.0) -> ModelOutput:
-        return ModelOutput(log_probs=self._log_probs(batch))
-
-    def forward_backward(
-        self, batch: TrainingBatch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False
-    ) -> dict[str, float]:
-        log_probs = self._log_probs(batch).requires_grad_()
-        loss, metrics = loss_fn(ModelOutput(log_probs=log_probs), batch)
-        torch.autograd.backward(loss)
-        assert log_probs.grad is not None
-        self._grad_sq += float(log_probs.grad.pow(2).sum())
-        time.sleep(self.update_s_per_row * len(batch))
-        return {"loss": float(loss.item()), **metrics}
-
-    def optim_step(self) -> dict[str, float]:
-        grad_norm, self._grad_sq = math.sqrt(self._grad_sq), 0.0
-        return {"grad_norm": grad_norm, "lr": 1e-6}
-
-    def get_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield "lm_head.weight", torch.zeros(1)
-
-    def save(self, path: Path) -> None:
-        return None
-
-    def load(self, path: Path) -> None:
-        return None
-
-    @staticmethod
-    def _log_probs(batch: TrainingBatch) -> torch.Tensor:
-        rollout = batch.tensors.get("rollout_log_probs")
-        return (rollout if rollout is not None else torch.zeros_like(batch.response_mask)).clone()
-
-
 # --- Part 1: one mode's run -----------------------------------------------------------------------------------------
 
 
-def mode_config(mode: str, w: Workload) -> Config:
+def bench_config(mode: str, w: Workload) -> Config:
     """The run config of ``mode`` on the workload (only what the wiring reads matters)."""
-    return resolve(
-        load_config(
-            None,
-            [
-                f"trainer.async_mode={mode}",
-                f"trainer.train_batch_size={w.prompts_per_step}",
-                f"trainer.policy_mini_batch_size={w.prompts_per_step}",
-                f"trainer.seed={w.seed}",
-                f"generator.n_samples_per_prompt={w.samples}",
-                f"generator.max_turns={w.turns}",
-                f"generator.max_generate_length={w.reply_tokens + 1}",
-                "generator.max_input_length=2048",
-                f"environment.env_class={ENV_ID}",
-            ],
-        )
-    )
+    overrides = [
+        f"generator.max_turns={w.turns}",
+        f"generator.max_generate_length={w.reply_tokens + 1}",
+        "generator.max_input_length=2048",
+        f"environment.env_class={ENV_ID}",
+    ]
+    return mode_config(mode, w.prompts_per_step, w.samples, w.seed, overrides)
 
 
 def make_prompts(count: int) -> list[PromptRecord]:
@@ -309,84 +212,39 @@ def make_prompts(count: int) -> list[PromptRecord]:
     ]
 
 
-@dataclass
-class StepRecord:
-    """What the benchmark keeps of one step."""
-
-    end: float  # time.monotonic() when the step's metrics were emitted
-    gpu_work_s: float  # the modelled GPU's work so far (sequence-seconds)
-    metrics: Metrics
-
-
 class Session:
-    """One mode's trainer over the modelled engine and env; :meth:`run` drives the loop as ``skyrl_train.run`` does."""
+    """One mode's trainer over the modelled engine and env (a :class:`ModelledRun`)."""
 
     def __init__(self, mode: str, w: Workload, tokenizer: Any) -> None:
-        self.mode, self.w = mode, w
-        config = mode_config(mode, w)
-        self.stream_settings = stream_settings(config)
-        self.gpu = ModelledGPU(
-            capacity=w.gpu_slots,
-            decode_s_per_token=w.decode_ms / 1000,
-            overhead_s=w.call_ms / 1000,
-            jitter=w.jitter,
-            seed=w.seed,
-        )
+        config = bench_config(mode, w)
+        gpu = modelled_gpu(w.gpu_slots, w.call_ms, w.decode_ms, w.jitter, w.seed)
         reply = list(tokenizer.encode(REPLY * 4, add_special_tokens=False))[: w.reply_tokens]
-        engine: InferenceEngine = ModelledEngine(self.gpu, [*reply, int(tokenizer.eos_token_id)], w.sync_ms / 1000)
-        if mode == "fully_async":  # as skyrl_train.run serves it: each turn stamped with its policy version
-            engine = VersionedEngine(engine)
-        self.timeline = Timeline()
+        engine = serving(ModelledEngine(gpu, [*reply, int(tokenizer.eos_token_id)], w.sync_ms / 1000), mode)
+        timeline = Timeline()
         self.generator = SkyRLGymGenerator(engine, tokenizer, generator_config(config))
-        self.generator.timeline = self.timeline
-        self.compute = ComputeThread()
-        train_params, eval_params = sampling_params(config)
-        self.trainer = Trainer(
-            settings=loop_settings(config),
-            objective=objective_of(config),
-            policy=ModelledPolicy(w.update_ms / 1000),
+        self.generator.timeline = timeline
+        self.modelled = ModelledRun(
+            config,
+            gpu=gpu,
             engine=engine,
             generator=self.generator,
-            sampling_params=train_params,
-            eval_sampling_params=eval_params,
+            update_s_per_row=w.update_ms / 1000,
             pad_token_id=int(tokenizer.pad_token_id),
-            compute=self.compute,
-            timeline=self.timeline,
+            prompts=make_prompts(4096),
+            timeline=timeline,
         )
-        self.records: list[StepRecord] = []
-        self.trainer.callbacks.append(self._record)
-        self.loader = PromptLoader(make_prompts(4096), w.prompts_per_step, shuffle=False)
 
-    def _record(self, trainer: Trainer, metrics: Metrics) -> None:
-        self.records.append(StepRecord(time.monotonic(), self.gpu.stats().work_s, dict(metrics)))
+    @property
+    def records(self) -> list[StepRecord]:
+        return self.modelled.records
 
     async def run(self, steps: int) -> None:
         """Train ``steps`` steps."""
-        try:
-            if self.mode == "fully_async":
-                await self._streamed(steps)
-            else:
-                await self._stepped(steps)
-        finally:
+
+        async def close() -> None:
             self.generator.close()
-            await asyncio.to_thread(self.compute.close)
 
-    async def _stepped(self, steps: int) -> None:
-        batches = self.loader.stream()
-        ahead: list[PromptRecord] | None = None
-        for step in range(steps):
-            batch = ahead if ahead is not None else next(batches)
-            ahead = next(batches) if self.mode == "one_step_off" and step + 1 < steps else None
-            await self.trainer.train_step(batch, upcoming=ahead)
-
-    async def _streamed(self, steps: int) -> None:
-        stream = RolloutStream(self.stream_settings, self.trainer.rollout_group, self.loader.items())
-        try:
-            while self.trainer.global_step < steps:
-                stream.generate_until(steps)
-                await self.trainer.train_step_from(stream)
-        finally:
-            await stream.close()
+        await self.modelled.run(steps, close)
 
 
 def run_mode(mode: str, w: Workload, tokenizer: Any, warmup: int, timed: int) -> dict[str, Any]:
@@ -399,62 +257,6 @@ def run_mode(mode: str, w: Workload, tokenizer: Any, warmup: int, timed: int) ->
     finally:
         skyrl_gym.deregister(ENV_ID)
     return summarise(mode, w, session.records, warmup, timed)
-
-
-def summarise(mode: str, w: Workload, records: list[StepRecord], warmup: int, timed: int) -> dict[str, Any]:
-    """Throughput and the step metrics' means (sums for counts) over the ``timed`` steps after ``warmup`` (>= 1).
-
-    The window opens when the last warm-up step ends and closes when the last timed step ends.
-    """
-    start, steps = records[warmup - 1], records[warmup : warmup + timed]
-    window = steps[-1].end - start.end
-    rows = [r.metrics for r in steps]
-
-    def mean(key: str) -> float:
-        return statistics.fmean(row.get(key, 0.0) for row in rows)
-
-    def total(key: str) -> float:
-        return sum(row.get(key, 0.0) for row in rows)
-
-    wait_key = {"fully_async": "timing/wait_batch_s", "one_step_off": "timing/wait_ahead_s"}.get(mode)
-    return {
-        "mode": mode,
-        "trajectories_per_s": timed * w.trajectories_per_step / window,
-        "window_s": window,
-        "step_s": [b.end - a.end for a, b in itertools.pairwise([start, *steps])],
-        "step_s_mean": window / timed,
-        "engine_busy_fraction": mean("timing/engine_busy_fraction"),
-        "trainer_busy_fraction": mean("timing/trainer_busy_fraction"),
-        "gpu_slot_occupancy": (steps[-1].gpu_work_s - start.gpu_work_s) / (w.gpu_slots * window),
-        "staleness": mean("async/staleness"),
-        "staleness_max": max(row.get("async/staleness_max", row["async/staleness"]) for row in rows),
-        "staleness_hist": staleness_hist(rows),
-        "mixed_versions": mean("async/mixed_versions"),
-        "evicted": total("async/evicted"),
-        "stale_dropped": total("async/stale_dropped"),
-        "refilled": total("async/refilled"),
-        "wait_s_mean": mean(wait_key) if wait_key else 0.0,
-        "generate_s_mean": mean("timing/generate_s"),
-        "update_s_mean": mean("timing/update_s"),
-        "weight_sync_s_mean": mean("timing/weight_sync_s"),
-        "reward_mean": mean("reward/mean"),
-        "timed_steps": timed,
-    }
-
-
-def staleness_hist(rows: Sequence[Metrics]) -> dict[str, float]:
-    """Share of the trained trajectories that lag ``k`` versions, over the steps (each step's batch is equal-sized).
-
-    ``fully_async`` logs ``async/staleness_hist/k``; the stepped modes train a whole batch of one version, so
-    their ``async/staleness`` is the lag of every trajectory.
-    """
-    prefix = "async/staleness_hist/"
-    hist: dict[str, float] = {}
-    for row in rows:
-        shares = {k[len(prefix) :]: v for k, v in row.items() if k.startswith(prefix)}
-        for lag, share in (shares or {str(int(row["async/staleness"])): 1.0}).items():
-            hist[lag] = hist.get(lag, 0.0) + share / len(rows)
-    return dict(sorted(hist.items(), key=lambda item: int(item[0])))
 
 
 def scheduling_part(w: Workload, warmup: int, timed: int) -> dict[str, Any]:
@@ -529,6 +331,15 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         {"target": "engine busy fraction, fully_async", "limit": f"≥ {ENGINE_BUSY_TARGET}", "value": f"{busy:.3f}",
          "met": busy >= ENGINE_BUSY_TARGET},
     ]  # fmt: skip
+    if result["swe"]["run"]:
+        swe_speedup = result["swe_throughput_ratio_fully_async_vs_sync"]
+        swe_busy = result["swe_engine_busy_fraction_fully_async"]
+        rows += [
+            {"target": "SWE path: fully_async episodes/s vs sync", "limit": f"≥ {SPEEDUP_TARGET}×",
+             "value": f"{swe_speedup:.2f}×", "met": swe_speedup >= SPEEDUP_TARGET},
+            {"target": "SWE path: engine busy fraction, fully_async", "limit": f"≥ {ENGINE_BUSY_TARGET}",
+             "value": f"{swe_busy:.3f}", "met": swe_busy >= ENGINE_BUSY_TARGET},
+        ]  # fmt: skip
     learning = result["learning"]
     for mode in MODES[1:]:
         row = learning["modes"].get(mode) if learning["run"] else None
@@ -577,6 +388,17 @@ def print_report(result: dict[str, Any]) -> None:
         f"{result['warmup']} warm-up + {result['timed']} timed steps a mode\n"
     )
     print(scheduling_table(result["modes"]))
+    swe = result["swe"]
+    if swe["run"]:
+        sw = swe["workload"]
+        print(
+            f"\nSWE path: {sw['prompts_per_step']} tasks × {sw['samples']} episodes per step (process sandboxes, "
+            f"latency oracle on {sw['gpu_slots']} modelled GPU slots, {sw['call_ms']:g} ms a call), update "
+            f"{sw['update_ms']:g} ms/trajectory; 1 warm-up + {swe['timed']} timed steps a mode\n"
+        )
+        print(scheduling_table(swe["modes"]))
+    else:
+        print(f"\nSWE rows not run: {swe['reason']}")
     learning = result["learning"]
     if learning["run"]:
         print(f"\nLearning: the quickstart task, {learning['steps']} GRPO steps "
@@ -598,19 +420,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="timed steps a mode (default 20; quick 6, tiny 2)")
     parser.add_argument("--learning-steps", type=int, default=200, help="GRPO steps a mode (the quickstart's 200)")
     parser.add_argument("--skip-learning", action="store_true", help="no learning rows")
+    parser.add_argument("--skip-swe", action="store_true", help="no SWE rows (part 1b)")
+    parser.add_argument("--swe-steps", type=int, help="timed SWE steps a mode (default 6; quick 3, tiny 2)")
     defaults = Workload()
     for name in Workload.__dataclass_fields__:  # one flag per field: --env-ms, --tail-p, …
         default = getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", dest=f"w_{name}", type=type(default), help=f"({default})")
+    swe_defaults = SWEWorkload()
+    for name in SWEWorkload.__dataclass_fields__:  # --swe-update-ms, --swe-gpu-slots, …
+        default = getattr(swe_defaults, name)
+        flag = f"--swe-{name.replace('_', '-')}"
+        parser.add_argument(flag, dest=f"swe_{name}", type=type(default), help=f"({default})")
     args = parser.parse_args(argv)
     base = TINY if args.tiny else defaults
     chosen = {name: getattr(args, f"w_{name}") for name in Workload.__dataclass_fields__}
     args.workload = dataclasses.replace(base, **{k: v for k, v in chosen.items() if v is not None})
+    swe_chosen = {name: getattr(args, f"swe_{name}") for name in SWEWorkload.__dataclass_fields__}
+    swe_base = SWE_TINY if args.tiny else swe_defaults
+    args.swe_workload = dataclasses.replace(swe_base, **{k: v for k, v in swe_chosen.items() if v is not None})
     small = args.quick or args.tiny
     args.warmup = args.warmup if args.warmup is not None else (1 if small else 2)
     args.steps = args.steps if args.steps is not None else (2 if args.tiny else 6 if args.quick else 20)
-    if args.warmup < 1 or args.steps < 1:
-        parser.error("--warmup and --steps must be >= 1")
+    args.swe_steps = args.swe_steps if args.swe_steps is not None else (2 if args.tiny else 3 if args.quick else 6)
+    if args.warmup < 1 or args.steps < 1 or args.swe_steps < 1:
+        parser.error("--warmup, --steps and --swe-steps must be >= 1")
     return args
 
 
@@ -624,6 +457,20 @@ def learning_or_reason(args: argparse.Namespace) -> dict[str, Any]:
         }
     with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
         return learning_part(2 if args.tiny else args.learning_steps, args.tiny, Path(tmp))
+
+
+def swe_or_reason(args: argparse.Namespace) -> dict[str, Any]:
+    """The SWE part's keys: its workload, modes and ratios, or why it did not run."""
+    if args.skip_swe:
+        return {"swe": {"run": False, "reason": "--skip-swe"}}
+    w = args.swe_workload
+    modes = swe_part(w, 1, args.swe_steps, MODES)
+    return {
+        "swe": {"run": True, "workload": dataclasses.asdict(w), "warmup": 1, "timed": args.swe_steps, "modes": modes},
+        "swe_throughput_ratio_fully_async_vs_sync": ratio(modes, "fully_async"),
+        "swe_throughput_ratio_one_step_off_vs_sync": ratio(modes, "one_step_off"),
+        "swe_engine_busy_fraction_fully_async": modes["fully_async"]["engine_busy_fraction"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -649,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         "modes": modes,
         "rows": list(modes.values()),
     }
+    result.update(swe_or_reason(args))
     result["learning"] = learning_or_reason(args)
     result["targets"] = targets(result)
     result["wall_s"] = time.monotonic() - wall0

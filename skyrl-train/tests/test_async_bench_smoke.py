@@ -48,6 +48,17 @@ def test_async_bench_tiny_runs_every_mode_and_reports_its_keys(tmp_path: Path) -
     assert result["modes"]["sync"]["staleness_hist"] == {"0": 1.0}
     assert result["modes"]["one_step_off"]["staleness_hist"] == {"1": 1.0}
     assert set(result["modes"]["fully_async"]["staleness_hist"]) <= {"0", "1"}  # max_staleness 1
+    swe = result["swe"]
+    assert swe["run"] is True
+    assert [*swe["modes"]] == list(MODES)
+    episodes = swe["workload"]["prompts_per_step"] * swe["workload"]["samples"]
+    for mode, row in swe["modes"].items():
+        assert math.isclose(row["trajectories_per_s"], row["timed_steps"] * episodes / row["window_s"])
+        assert 0 < row["engine_busy_fraction"] <= 1, mode  # the latency oracle's calls are engine spans
+        assert 0 < row["trainer_busy_fraction"] <= 1, mode
+        assert 0 < row["reward_mean"] < 1, mode  # one oracle sample per task resolves it, the others submit nothing
+    assert math.isfinite(result["swe_throughput_ratio_fully_async_vs_sync"])
+    assert 0 < result["swe_engine_busy_fraction_fully_async"] <= 1
     learning = result["learning"]
     assert learning["run"] is True
     assert learning["smoke"] is True
@@ -56,5 +67,5 @@ def test_async_bench_tiny_runs_every_mode_and_reports_its_keys(tmp_path: Path) -
         assert 0 <= row["before"] <= 1
         assert 0 <= row["after"] <= 1
         assert row["within"] == (abs(row["after"] - learning["modes"]["sync"]["after"]) <= 0.05)
-    assert len(result["targets"]) == 4
+    assert len(result["targets"]) == 6
     assert all(target["met"] in (True, False) for target in result["targets"])  # reported, whichever it is
