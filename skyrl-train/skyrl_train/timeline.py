@@ -4,6 +4,8 @@ Roles record spans into one :class:`Timeline`, each span on a *lane*:
 
     step      one span per training step (the window the busy fractions of a step are taken over)
     trainer   prepare (reference / old log-probs, advantages), update (forward, backward, optimizer steps)
+    waiting   the trainer waiting for generation: rollouts (a stepped mode's batch), rollouts ahead (one_step_off,
+              before the sync), batch (fully_async: until enough groups are ready)
     sync      weight sync, hand-over of colocated memory
     engine    one span per generation call, from request to answer (overlapping calls overlap)
     engine i  with engines as actors (an ``EngineGroup``), one span per request on the engine that served it
@@ -36,15 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LANES", "Span", "Timeline", "span_on", "union_length"]
+__all__ = ["LANES", "WAITING", "Span", "Timeline", "span_on", "union_length"]
 
 # Drawn in this order; other lanes follow alphabetically.
-LANES = ("step", "trainer", "sync", "engine", "env", "sandbox", "reward")
+LANES = ("step", "trainer", "waiting", "sync", "engine", "env", "sandbox", "reward")
+WAITING = "waiting"  # the lane of the trainer's waits (not counted in its busy fraction)
 TRACE_FILE = "trace.json"
 PNG_FILE = "timeline.png"
 COLORS = {
     "step": "#bbbbbb",
     "trainer": "#4c72b0",
+    "waiting": "#e5e5e5",
     "sync": "#dd8452",
     "engine": "#55a868",
     "env": "#c44e52",

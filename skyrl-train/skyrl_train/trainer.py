@@ -83,7 +83,7 @@ from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutp
 from skyrl_train.inference.base import InferenceEngine, SamplingParams
 from skyrl_train.inference.versioned import VersionedEngine
 from skyrl_train.objective import TOKEN_STALENESS, Objective, add_token_weights, make_loss_fn, make_value_loss_fn
-from skyrl_train.timeline import Timeline, span_on
+from skyrl_train.timeline import WAITING, Timeline, span_on
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -205,7 +205,8 @@ class Trainer:
         timings: Metrics = {}
         step_start = self._now()
         start = time.monotonic()
-        experience, metrics, version = await self._experience(prompts, next_prompts)
+        with span_on(self.timeline, WAITING, "rollouts"):
+            experience, metrics, version = await self._experience(prompts, next_prompts)
         timings["timing/generate_s"] = time.monotonic() - start
         if upcoming is not None:
             rollout = self._rollout(upcoming, None, step=self.global_step + 1)
@@ -228,7 +229,8 @@ class Trainer:
         timings: Metrics = {}
         step_start = self._now()
         start = time.monotonic()
-        taken = await stream.take()
+        with span_on(self.timeline, WAITING, "batch"):
+            taken = await stream.take()
         timings["timing/wait_batch_s"] = time.monotonic() - start
         experience = concat_experiences([group.experience for group in taken.groups], self.pad_token_id)
         generated = [group.output for group in (*taken.groups, *taken.evicted)]
@@ -274,7 +276,8 @@ class Trainer:
             timings["timing/handover_s"] += time.monotonic() - start
         if self._ahead is not None:  # the rollouts generated ahead use the old weights to their end
             start = time.monotonic()
-            await asyncio.wait({self._ahead.rollout})
+            with span_on(self.timeline, WAITING, "rollouts ahead"):
+                await asyncio.wait({self._ahead.rollout})
             timings["timing/wait_ahead_s"] = time.monotonic() - start
         with span_on(self.timeline, "sync", "weight sync"):
             timings["timing/weight_sync_s"] = await self.sync_weights(version=self.global_step + 1)

@@ -453,6 +453,7 @@ def test_a_fully_async_run_overlaps_corrects_and_checkpoints_with_nothing_in_fli
         )
     trace = json.loads((full.run_dir / "trace.json").read_text())
     assert _overlaps(trace, "trainer", "update", "engine")  # groups generate while the policy updates
+    assert any(e["ph"] == "X" and (e["cat"], e["name"]) == ("waiting", "batch") for e in trace["traceEvents"])
     # Each checkpoint step drains the stream: every group started was trained or evicted, the loader handed out
     # exactly the prompts started (8 per epoch), and the resumed run continues the count.
     for step in (2, 4):

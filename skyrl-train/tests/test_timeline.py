@@ -78,7 +78,7 @@ def test_a_step_logs_busy_fractions_that_agree_with_its_spans(tiny_model_dir: Pa
     trainer.timeline = timeline = Timeline()
     metrics = asyncio.run(trainer.train_step(_prompts("p0", "p1")))
     names = {(s.lane, s.name) for s in timeline.spans}
-    assert {("trainer", "prepare"), ("trainer", "update"), ("sync", "weight sync")} <= names
+    assert {("waiting", "rollouts"), ("trainer", "prepare"), ("trainer", "update"), ("sync", "weight sync")} <= names
     (step,) = [s for s in timeline.spans if s.name == "step"]
     assert metrics["timing/trainer_busy_fraction"] == pytest.approx(
         timeline.busy_fraction("trainer", step.start, step.end), abs=1e-3
