@@ -470,6 +470,30 @@ def test_a_fully_async_run_overlaps_corrects_and_checkpoints_with_nothing_in_fli
     assert recorded["trainer"]["max_inflight_groups"] == 4  # derived: train_batch_size
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_fully_async_run_on_vllm_updates_weights_between_tokens(tiny_model_dir: Path, tmp_path: Path) -> None:
+    engine = ("inference.engine=vllm", "inference.engine_kwargs={kv_cache_memory_bytes: 134217728}")
+    result = run(
+        _config(
+            tiny_model_dir,
+            tmp_path / "d",
+            tmp_path / "run",
+            "trainer.async_mode=fully_async",
+            "trainer.max_training_steps=3",
+            "generator.max_generate_length=64",
+            *engine,
+        )
+    )
+    metrics = _metrics(result.run_dir)
+    assert sorted(metrics) == [1, 2, 3]
+    for row in metrics.values():
+        assert 0 <= row["async/token_staleness"] <= row["async/token_staleness_max"] <= 1
+        assert row["policy/off_policy/tis_weight_mean"] > 0
+    recorded = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert recorded["inference"]["engine"] == "vllm"
+
+
 # ------------------------------------------------------------------------------------------ config
 
 
@@ -483,6 +507,10 @@ def test_fully_async_keys_are_derived_and_reach_the_stream() -> None:
     assert "pause_at" not in engine_settings(load_config(None, [])).options
     replicas = load_config(None, ["trainer.async_mode=fully_async", "inference.num_engines=2"])
     assert "pause_at" not in engine_settings(replicas).options
+    on_vllm = load_config(None, ["trainer.async_mode=fully_async", "inference.engine=vllm"])
+    assert engine_settings(on_vllm).options["pause_at"] == "token"
+    remote = ["trainer.async_mode=fully_async", "inference.engine=remote", "inference.remote_urls=[http://h:1]"]
+    assert "pause_at" not in engine_settings(load_config(None, remote)).options
     chosen = load_config(None, ["trainer.max_staleness=3", "trainer.max_inflight_groups=2"])
     assert (stream_settings(chosen).max_staleness, stream_settings(chosen).inflight_limit) == (3, 2)
 

@@ -26,6 +26,13 @@ Every transport ends in :class:`~skyrl_train.inference.vllm_worker_ext.WeightUpd
 vLLM's ``worker_extension_cls`` and reached through ``llm.collective_rpc``: it calls the worker's
 ``reload_weights`` and refreshes a tied ``lm_head`` (the CPU backend otherwise keeps a stale copy).
 
+Pausing (``VLLMEngineConfig.pause_at``): ``"sequence_end"`` holds new calls and waits for the running ones to finish
+before a weight load. ``"token"`` holds the engine thread between two engine steps instead: running requests keep
+their place and KV cache in vLLM's scheduler, the load runs, and on ``resume`` they continue under the new weights
+(as vLLM's own ``pause_generation(mode="keep")``). Requests then stream their tokens step by step
+(``RequestOutputKind.DELTA``), so each token records :attr:`VLLMEngine.policy_version` at the step that sampled it
+(``GenerationOutput.token_policy_versions``).
+
 Log-probabilities: the engine is created with ``logprobs_mode="processed_logprobs"``, so they are
 ``log_softmax(logits / temperature)`` (after top-k/top-p/min-p filtering when those are set), as the trainer
 recomputes them. On GPU, ``gpu_memory_utilization`` is the fraction of device memory vLLM may take for weights
@@ -58,7 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from skyrl_train.inference.base import GenerationOutput, SamplingParams, StopReason
-from skyrl_train.inference.concurrency import PauseGate
+from skyrl_train.inference.concurrency import PauseGate, paused_during
 from skyrl_train.inference.vllm_worker_ext import EXTENSION_CLASS, pack_cuda_ipc
 from skyrl_train.inference.weight_sync import save_weights, serialize_weights, transfer_path
 
@@ -66,6 +73,7 @@ if TYPE_CHECKING:
     import torch
 
 WeightTransport = Literal["auto", "direct", "file", "bytes", "cuda_ipc"]
+PauseAt = Literal["sequence_end", "token"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class VLLMEngineConfig:
     return_text: bool = True  # detokenize completions into GenerationOutput.text
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as they are
     sleep_mode: bool = False  # GPU: build with enable_sleep_mode, so sleep()/wake_up() hand memory over
+    pause_at: PauseAt = "sequence_end"  # "token": pause() holds running requests between steps (module docstring)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -101,11 +110,22 @@ class VLLMEngineConfig:
 
 
 @dataclass
+class _Streamed:
+    """What a streamed request (``pause_at="token"``) has generated so far, one entry per token."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
 class _Request:
     request_id: str
     prompt: list[int]
     params: Any  # vllm.SamplingParams
     future: concurrent.futures.Future[GenerationOutput]
+    streamed: _Streamed | None = None  # set when the request's tokens arrive step by step
 
 
 @dataclass
@@ -125,11 +145,17 @@ class _Call:
 
 
 @dataclass
+class _Hold:
+    held: bool  # True: step no more until released
+    future: concurrent.futures.Future[Any]
+
+
+@dataclass
 class _Stop:
     pass
 
 
-_Command = _Submit | _Abort | _Call | _Stop
+_Command = _Submit | _Abort | _Call | _Hold | _Stop
 
 
 class EngineClosedError(RuntimeError):
@@ -155,6 +181,10 @@ class VLLMEngine:
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._ids = itertools.count()
         self._gate = PauseGate()
+        self._held = False  # pause_at="token": whether pause() holds the engine thread (asyncio side)
+        self._thread_held = False  # the same, as the engine thread applies it
+        self.policy_version: int | None = None  # recorded on each streamed token; set it while paused
+        self.steps = 0  # engine steps run so far (each samples one token of every running request)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="vllm-engine", daemon=True)
         self._thread.start()
@@ -172,16 +202,28 @@ class VLLMEngine:
         if params.max_tokens == 0:  # vLLM requires at least one token; nothing to ask it
             empty: list[float] | None = [] if params.logprobs else None
             return [GenerationOutput([], empty, "length", "" if self._text else None) for _ in prompts]
-        async with self._gate.admit():
+        gate = contextlib.nullcontext() if self.pauses_at_token_boundary else self._gate.admit()
+        async with gate:
             requests = [self._request(prompt, params, i) for i, prompt in enumerate(prompts)]
             self._commands.put(_Submit(requests))
             return list(await asyncio.gather(*(asyncio.wrap_future(r.future) for r in requests)))
 
+    @property
+    def pauses_at_token_boundary(self) -> bool:
+        """Whether :meth:`pause` holds running requests between engine steps (``pause_at="token"``)."""
+        return self.config.pause_at == "token"
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` holds the engine's work."""
+        return self._held if self.pauses_at_token_boundary else self._gate.paused
+
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load ``(name, tensor)`` pairs in Hugging Face naming into the running engine.
 
-        Running ``generate`` calls finish on the old weights first; calls made meanwhile wait. For the ``file``
-        and ``bytes`` transports the weights are serialised before generation is held.
+        Pauses the engine meanwhile unless it is paused already: with ``pause_at="sequence_end"`` running calls
+        finish on the old weights first, with ``"token"`` they continue on the new ones. For the ``file`` and
+        ``bytes`` transports the weights are serialised before generation is held.
         """
         self._check_open()
         await self.wait_ready()
@@ -213,6 +255,8 @@ class VLLMEngine:
         self._check_open()
         await self.wait_ready()
         if self.sleeps and not self.asleep:
+            if self.pauses_at_token_boundary:  # level 1 drops the KV cache that held requests continue from
+                raise RuntimeError("sleep() discards held requests' KV cache: use pause_at='sequence_end' to sleep")
             async with self._gate.quiesced():
                 await self.call(lambda llm: llm.sleep(level=1))
             self.asleep = True
@@ -226,12 +270,30 @@ class VLLMEngine:
             self.asleep = False
 
     async def pause(self) -> None:
-        """Hold new ``generate`` calls; return once running ones have finished."""
-        await self._gate.pause()
+        """Hold new work; return once no engine step runs.
+
+        With ``pause_at="sequence_end"`` new calls wait and running ones finish first; with ``"token"`` the engine
+        steps no more once this returns (running requests wait in vLLM's scheduler, with their KV cache).
+        """
+        if self.pauses_at_token_boundary:
+            await self._hold(True)
+        else:
+            await self._gate.pause()
 
     async def resume(self) -> None:
-        """Let held ``generate`` calls proceed."""
-        await self._gate.resume()
+        """Let held work proceed (held requests continue with whatever weights are loaded now)."""
+        if self.pauses_at_token_boundary:
+            await self._hold(False)
+        else:
+            await self._gate.resume()
+
+    async def _hold(self, held: bool) -> None:
+        self._check_open()
+        await self.wait_ready()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(_Hold(held, future))
+        await asyncio.wrap_future(future)
+        self._held = held
 
     async def close(self) -> None:
         """Fail unfinished requests, shut the ``LLM`` down and join the engine thread; idempotent."""
@@ -264,7 +326,10 @@ class VLLMEngine:
     def _request(self, prompt: Sequence[int], params: SamplingParams, index: int) -> _Request:
         seed = None if params.seed is None else params.seed + index
         future: concurrent.futures.Future[GenerationOutput] = concurrent.futures.Future()
-        request = _Request(f"skyrl-{next(self._ids)}", list(prompt), to_vllm_params(params, seed, self._text), future)
+        streamed = self.pauses_at_token_boundary
+        vllm_params = to_vllm_params(params, seed, self._text, streamed=streamed)
+        request_id = f"skyrl-{next(self._ids)}"
+        request = _Request(request_id, list(prompt), vllm_params, future, _Streamed() if streamed else None)
         future.add_done_callback(lambda f: self._abort_if_cancelled(f, request.request_id))
         return request
 
@@ -274,7 +339,7 @@ class VLLMEngine:
             self._commands.put(_Abort([request_id]))
 
     async def _load(self, rpc: Callable[[Any], list[float]]) -> None:
-        async with self._gate.quiesced():
+        async with paused_during(self):
             seconds = await self.call(rpc)
         self.last_update_seconds = max(seconds) if seconds else None
 
@@ -290,8 +355,8 @@ class VLLMEngine:
         self._ready.set_result(None)
         pending: dict[str, _Request] = {}
         try:
-            while self._serve_commands(llm, pending, block=not pending):
-                if pending:
+            while self._serve_commands(llm, pending, block=not pending or self._thread_held):
+                if pending and not self._thread_held:
                     self._step(llm, pending)
         finally:
             _fail(pending.values(), EngineClosedError("the engine was closed"))
@@ -321,6 +386,9 @@ class VLLMEngine:
             if isinstance(command, _Submit):
                 for request in command.requests:
                     self._add(llm, request, pending)
+            elif isinstance(command, _Hold):
+                self._thread_held = command.held
+                _set(command.future, None)
             elif isinstance(command, _Abort):
                 live = [rid for rid in command.request_ids if pending.pop(rid, None) is not None]
                 if live:
@@ -351,15 +419,21 @@ class VLLMEngine:
             return
         try:
             outputs = engine.step()
+            self.steps += 1
         except Exception as exc:  # the engine failed mid-step: everything in flight failed with it
             _fail(pending.values(), exc)
             engine.abort_request(list(pending))
             pending.clear()
             return
         for output in outputs:
-            request = pending.pop(output.request_id, None) if output.finished else None
-            if request is not None:
-                _set(request.future, to_generation_output(output, request.params))
+            request = pending.get(output.request_id)
+            if request is None:
+                continue
+            if request.streamed is not None:
+                _accumulate(request.streamed, output, request.params, self.policy_version)
+            if output.finished:
+                del pending[output.request_id]
+                _set(request.future, to_generation_output(output, request.params, request.streamed))
 
     def _fail_queued(self) -> None:
         closed = EngineClosedError("the engine was closed")
@@ -411,8 +485,11 @@ def llm_kwargs(model_path: str, config: VLLMEngineConfig, *, on_cpu: bool) -> di
     return kwargs
 
 
-def to_vllm_params(params: SamplingParams, seed: int | None, detokenize: bool) -> Any:
-    """The ``vllm.SamplingParams`` for one prompt: final output only, sampled-token logprobs when asked."""
+def to_vllm_params(params: SamplingParams, seed: int | None, detokenize: bool, *, streamed: bool = False) -> Any:
+    """The ``vllm.SamplingParams`` for one prompt, with sampled-token logprobs when asked.
+
+    vLLM reports the final output only, or with ``streamed`` each step's new tokens.
+    """
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -429,24 +506,50 @@ def to_vllm_params(params: SamplingParams, seed: int | None, detokenize: bool) -
         include_stop_str_in_output=True,  # the protocol keeps the stop string in the output
         logprobs=0 if params.logprobs else None,  # 0: only the sampled token's
         detokenize=detokenize or bool(params.stop),  # stop strings are matched on text
-        output_kind=RequestOutputKind.FINAL_ONLY,
+        output_kind=RequestOutputKind.DELTA if streamed else RequestOutputKind.FINAL_ONLY,
     )
 
 
-def to_generation_output(output: Any, params: Any) -> GenerationOutput:
-    """Convert a finished ``vllm.RequestOutput`` (one completion, sampled with ``vllm.SamplingParams`` ``params``)."""
+def to_generation_output(output: Any, params: Any, streamed: _Streamed | None = None) -> GenerationOutput:
+    """Convert a finished ``vllm.RequestOutput`` (one completion, sampled with ``vllm.SamplingParams`` ``params``).
+
+    ``streamed``: the tokens of a request whose outputs came step by step (the last one carries only its own).
+    """
     completion = output.outputs[0]
-    token_ids = [int(t) for t in completion.token_ids]
-    logprobs = None
-    if params.logprobs is not None and completion.logprobs is not None:
-        logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids, strict=True)]
+    if streamed is not None:
+        token_ids, text = streamed.token_ids, "".join(streamed.text)
+        logprobs = streamed.logprobs if params.logprobs is not None else None
+    else:
+        token_ids, text, logprobs = [int(t) for t in completion.token_ids], completion.text, None
+        if params.logprobs is not None and completion.logprobs is not None:
+            logprobs = _sampled_logprobs(completion, token_ids)
     reason: StopReason = "length" if completion.finish_reason == "length" else "stop"
     if completion.finish_reason not in ("stop", "length"):
         reason = "abort"
     metadata: dict[str, object] = {}
     if isinstance(completion.stop_reason, str):
         metadata["stop_string"] = completion.stop_reason
-    return GenerationOutput(token_ids, logprobs, reason, completion.text if params.detokenize else None, metadata)
+    versions = None
+    if streamed is not None and token_ids and all(v is not None for v in streamed.versions):
+        versions = [int(v) for v in streamed.versions if v is not None]
+    return GenerationOutput(
+        token_ids, logprobs, reason, text if params.detokenize else None, metadata, token_policy_versions=versions
+    )
+
+
+def _sampled_logprobs(completion: Any, token_ids: list[int]) -> list[float]:
+    return [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids, strict=True)]
+
+
+def _accumulate(streamed: _Streamed, output: Any, params: Any, version: int | None) -> None:
+    """Add one step's new tokens of ``output`` (``RequestOutputKind.DELTA``), each sampled by policy ``version``."""
+    completion = output.outputs[0]
+    token_ids = [int(t) for t in completion.token_ids]
+    streamed.token_ids.extend(token_ids)
+    streamed.versions.extend([version] * len(token_ids))
+    streamed.text.append(completion.text or "")
+    if params.logprobs is not None and completion.logprobs is not None:
+        streamed.logprobs.extend(_sampled_logprobs(completion, token_ids))
 
 
 def _drain(commands: queue.Queue[_Command], block: bool) -> Iterator[_Command]:
