@@ -263,3 +263,23 @@ def choose_stops(tokens: Sequence[int], tokenizer: PreTrainedTokenizerBase) -> t
 @pytest.fixture(scope="session")
 def pick_stops() -> Callable[[Sequence[int], PreTrainedTokenizerBase], tuple[int, int, str, int]]:
     return choose_stops
+
+
+def assert_continued_under_new_weights(
+    outputs: Sequence[GenerationOutput], reference: Sequence[GenerationOutput]
+) -> None:
+    """Each output: tokens of version 0, then of version 1 (weights loaded in between); the version-0 tokens and
+    their log-probabilities are those of ``reference`` (the same seeded call, never interrupted), so nothing was
+    aborted and sampled again; afterwards the new weights decide."""
+    for out, before in zip(outputs, reference, strict=True):
+        versions = out.token_policy_versions
+        assert versions is not None
+        assert len(versions) == len(out.token_ids)
+        switch = versions.index(1)
+        assert switch > 0
+        assert versions == [0] * switch + [1] * (len(versions) - switch)
+        assert out.token_ids[:switch] == before.token_ids[:switch]
+        assert out.logprobs is not None
+        assert before.logprobs is not None
+        torch.testing.assert_close(torch.tensor(out.logprobs[:switch]), torch.tensor(before.logprobs[:switch]))
+        assert out.logprobs[switch:] != before.logprobs[switch : len(out.logprobs)]

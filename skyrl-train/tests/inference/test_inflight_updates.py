@@ -14,6 +14,8 @@ from skyrl_train.inference.base import GenerationOutput, SamplingParams
 from skyrl_train.inference.local import LocalEngine
 from skyrl_train.inference.versioned import VersionedEngine
 
+from .conftest import assert_continued_under_new_weights
+
 MakeEngine = Callable[..., LocalEngine]
 LONG = SamplingParams(max_tokens=300, temperature=1.0, seed=11)
 
@@ -63,19 +65,7 @@ def test_a_token_pause_continues_running_sequences_under_the_new_weights(
     outputs, still_running = asyncio.run(_update_mid_generation(engine, engine, prompts, weights))
     assert still_running, "pause waited for the running call instead of stopping it between tokens"
     assert engine.stats.batches == 1  # one batch, continued: nothing was aborted and started again
-    for out, before in zip(outputs, reference, strict=True):
-        versions = out.token_policy_versions
-        assert versions is not None
-        assert len(versions) == len(out.token_ids)
-        switch = versions.index(1)
-        assert switch > 0
-        assert versions == [0] * switch + [1] * (len(versions) - switch)
-        # The tokens sampled before the pause are the ones the old weights give; afterwards the new weights decide.
-        assert out.token_ids[:switch] == before.token_ids[:switch]
-        assert out.logprobs is not None
-        assert before.logprobs is not None
-        torch.testing.assert_close(torch.tensor(out.logprobs[:switch]), torch.tensor(before.logprobs[:switch]))
-        assert out.logprobs[switch:] != before.logprobs[switch : len(out.logprobs)]
+    assert_continued_under_new_weights(outputs, reference)
 
 
 def test_an_update_without_a_pause_stops_and_continues_at_a_token_boundary(
