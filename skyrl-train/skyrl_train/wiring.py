@@ -186,9 +186,9 @@ def engine_settings(config: Config) -> EngineSettings:
         options = {"timeouts": Timeouts(read=None, total=inf.request_timeout_s)}
         if inf.remote_urls:
             options["base_url"] = inf.remote_urls[0]
-    if inf.engine != "remote" and config.trainer.async_mode == "fully_async" and inf.num_engines == 1:
-        # Weight syncs then pause rollouts between two tokens instead of waiting for them to finish; the engine
-        # records the version of each token (an EngineGroup's replicas cannot report theirs yet).
+    if inf.engine != "remote" and config.trainer.async_mode == "fully_async":
+        # Weight syncs then pause rollouts between two tokens instead of waiting for them to finish; each engine
+        # (replicas behind Ray too) records the version of each token.
         options["pause_at"] = "token"
     options.update(inf.engine_kwargs)
     return EngineSettings(

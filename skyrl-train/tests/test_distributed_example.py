@@ -95,6 +95,8 @@ def test_the_distributed_example_trains_three_steps(
     if async_mode == "fully_async":  # staleness at most trainer.max_staleness (1), the weights synced under rollouts
         assert all(0 <= metrics[step]["async/staleness_max"] <= 1 for step in (1, 2, 3))
         assert all(metrics[step]["policy/off_policy/tis_weight_mean"] > 0 for step in (1, 2, 3))
+        # The engine actors pause between tokens and record each token's version (pause_at: token).
+        assert all(0 <= metrics[step]["async/token_staleness_max"] <= 1 for step in (1, 2, 3))
     trace = json.loads((result.run_dir / "trace.json").read_text())
     lanes = {event["args"]["name"] for event in trace["traceEvents"] if event["ph"] == "M"}
     assert {"engine 0", "engine 1", "trainer", "env"} <= lanes

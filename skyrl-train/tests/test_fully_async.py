@@ -502,11 +502,11 @@ def test_fully_async_keys_are_derived_and_reach_the_stream() -> None:
     assert resolved.off_policy.tis_ratio_type == "token"
     assert resolved.trainer.max_inflight_groups == 8
     assert stream_settings(resolved) == StreamSettings(batch_size=8, max_staleness=1, max_inflight_groups=8)
-    # Weight syncs pause the in-process engine between tokens; replicas behind Ray wait for their calls instead.
+    # Weight syncs pause the engines between tokens (replicas behind Ray too); remote servers between requests.
     assert engine_settings(resolved).options["pause_at"] == "token"
     assert "pause_at" not in engine_settings(load_config(None, [])).options
     replicas = load_config(None, ["trainer.async_mode=fully_async", "inference.num_engines=2"])
-    assert "pause_at" not in engine_settings(replicas).options
+    assert engine_settings(replicas).options["pause_at"] == "token"
     on_vllm = load_config(None, ["trainer.async_mode=fully_async", "inference.engine=vllm"])
     assert engine_settings(on_vllm).options["pause_at"] == "token"
     remote = ["trainer.async_mode=fully_async", "inference.engine=remote", "inference.remote_urls=[http://h:1]"]

@@ -12,7 +12,9 @@ trainer and the generator see one engine:
 - ``join_broadcast`` / ``receive_broadcast``: the engines as the receiving ranks of a weight-broadcast group
   (:mod:`skyrl_train.tensor_broadcast`), for :class:`~skyrl_train.inference.broadcast_sync.BroadcastSync`: the
   trainer's rank 0 sends the weights straight to every engine, not through the driver.
-- ``pause`` / ``resume`` / ``close`` reach every engine.
+- ``pause`` / ``resume`` / ``close`` reach every engine. Engines built with ``pause_at="token"`` pause between two
+  tokens (``pauses_at_token_boundary``); :attr:`EngineGroup.policy_version`, set while paused, reaches every engine
+  with ``resume``, so each records it on the tokens it samples from then on.
 
 Failures. An engine actor that dies (its process killed, out of memory) is restarted by Ray (up to
 ``max_restarts`` times); a request that was running on it is sent again once the actor is back, after the actor
@@ -53,7 +55,16 @@ class _EngineActor:
         self.version = 0  # the weight update this engine holds (0: model_path's weights, as after a restart)
         self.broadcast: BroadcastGroup | None = None
 
-    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+    async def generate(
+        self, prompts: list[list[int]], params: SamplingParams, policy_version: int | None = None
+    ) -> list[GenerationOutput]:
+        """The engine's completions.
+
+        ``policy_version``: the group's, taken by an engine that records per-token versions but has none yet (new,
+        or restarted); later ones arrive with :meth:`resume`.
+        """
+        if policy_version is not None and getattr(self.engine, "policy_version", 0) is None:
+            await self.set_policy_version(policy_version)
         return await self.engine.generate(prompts, params)
 
     async def node_id(self) -> str:
@@ -94,8 +105,15 @@ class _EngineActor:
     async def pause(self) -> None:
         await self.engine.pause()
 
-    async def resume(self) -> None:
+    async def resume(self, policy_version: int | None = None) -> None:
+        """Resume; engines that record per-token versions take ``policy_version`` for the tokens from now on."""
+        if policy_version is not None:
+            await self.set_policy_version(policy_version)
         await self.engine.resume()
+
+    async def set_policy_version(self, policy_version: int) -> None:
+        if getattr(self.engine, "pauses_at_token_boundary", False):
+            self.engine.policy_version = policy_version  # type: ignore[attr-defined]  # such engines have it
 
     async def close(self) -> None:
         await self.engine.close()
@@ -135,6 +153,9 @@ class EngineGroup:
         self.engines: list[Any] = [
             actor.options(**opts).remote(kind, model_path, dict(options or {})) for opts in per_actor
         ]
+        self.pauses_at_token_boundary = (options or {}).get("pause_at") == "token"
+        # The version the engines record on their tokens (pause_at="token"); sent to them with resume().
+        self.policy_version: int | None = None
         self.router = PrefixRouter(num_engines, router)
         self._weights: Any = None  # the object-store copy of the latest weights, for engines that restart
         self.version = 0  # weight updates so far (each engine knows which one it holds)
@@ -163,11 +184,11 @@ class EngineGroup:
         start = self.timeline.now() if self.timeline is not None else 0.0
         try:
             try:
-                (output,) = await self.engines[engine].generate.remote([prompt], params)
+                (output,) = await self.engines[engine].generate.remote([prompt], params, self.policy_version)
             except ray.exceptions.RayActorError:
                 self.restarts += 1
                 await self._restored(engine)
-                (output,) = await self.engines[engine].generate.remote([prompt], params)
+                (output,) = await self.engines[engine].generate.remote([prompt], params, self.policy_version)
         finally:
             self.router.finished(engine, prompt + (output.token_ids if output is not None else []))
             if self.timeline is not None:
@@ -240,8 +261,9 @@ class EngineGroup:
         await asyncio.gather(*(self._call_when_alive(engine, "pause") for engine in self.engines))
 
     async def resume(self) -> None:
-        """Let every engine generate again."""
-        await asyncio.gather(*(self._call_when_alive(engine, "resume") for engine in self.engines))
+        """Let every engine generate again (with :attr:`policy_version` for the tokens they sample from now on)."""
+        version = self.policy_version
+        await asyncio.gather(*(self._call_when_alive(engine, "resume", version) for engine in self.engines))
 
     async def sleep(self) -> None:
         """Every engine hands its accelerator memory over (see ``SleepingEngine``; nothing on CPU)."""
@@ -251,12 +273,12 @@ class EngineGroup:
         """Every engine takes its memory back (a restarted engine comes back awake)."""
         await asyncio.gather(*(self._call_when_alive(engine, "wake_up") for engine in self.engines))
 
-    async def _call_when_alive(self, handle: Any, method: str) -> None:
+    async def _call_when_alive(self, handle: Any, method: str, *args: Any) -> None:
         try:
-            await getattr(handle, method).remote()
+            await getattr(handle, method).remote(*args)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             await self._alive(handle)
-            await getattr(handle, method).remote()
+            await getattr(handle, method).remote(*args)
 
     async def close(self) -> None:
         """Close every engine and stop its actor (idempotent)."""

@@ -135,3 +135,41 @@ def test_a_killed_engine_is_restarted_with_the_latest_weights_and_its_request_re
     got, expected, restarts = asyncio.run(scenario())
     assert restarts >= 1
     assert got == expected  # retried on the restarted engine, which had the latest weights again
+
+
+@pytest.mark.ray
+def test_engines_that_pause_between_tokens_record_the_groups_policy_version(
+    cluster: None, tiny_model_dir: Path
+) -> None:
+    from skyrl_train.inference.versioned import VersionedEngine
+
+    long = SamplingParams(max_tokens=300, temperature=1.0, seed=11)
+
+    async def scenario() -> tuple[list[GenerationOutput], list[GenerationOutput]]:
+        group = EngineGroup("local", str(tiny_model_dir), 2, num_cpus_per_engine=0.5, options={"pause_at": "token"})
+        engine = VersionedEngine(group)  # as a fully_async run serves the group
+        try:
+            assert engine.per_token
+            await engine.generate(PROMPTS, SamplingParams(max_tokens=2))  # both actors have loaded their model
+            running = asyncio.ensure_future(engine.generate(PROMPTS[:2], long))
+            while sum(group.router.in_flight) < 2:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # some tokens are sampled under version 0
+            await engine.pause()
+            await engine.update_weights(_perturbed(tiny_model_dir))
+            engine.version = 1
+            await engine.resume()
+            outputs = await asyncio.wait_for(running, timeout=120)
+            later = await engine.generate(PROMPTS[2:4], SamplingParams(max_tokens=4))
+            return outputs, later
+        finally:
+            await group.close()
+
+    outputs, later = asyncio.run(scenario())
+    for out in outputs:
+        versions = out.token_policy_versions
+        assert versions is not None
+        assert out.policy_version == 0
+        switch = versions.index(1)  # the running sequences continued under the new weights, on both engines
+        assert versions == [0] * switch + [1] * (len(versions) - switch)
+    assert all(out.token_policy_versions == [1] * len(out.token_ids) for out in later)
