@@ -1,6 +1,6 @@
 """``trainer.async_mode`` side by side: ``sync``, ``one_step_off`` and ``fully_async`` on a slow multi-turn env.
 
-    .venv/bin/python benchmarks/async_bench.py                      # 2 + 20 steps a mode, learning rows (≈14 min)
+    .venv/bin/python benchmarks/async_bench.py                      # 2 + 20 steps a mode, learning rows, 3 seeds (≈45 min)
     .venv/bin/python benchmarks/async_bench.py --quick --json OUT   # 1 + 6 steps a mode, no learning rows (≈1 min)
     .venv/bin/python benchmarks/async_bench.py --tiny --json OUT    # smoke run (tests/test_async_bench_smoke.py)
 
@@ -35,7 +35,8 @@ skyrl-agent (process sandboxes, shipped tasks, graded by their hidden tests) wit
 each LLM call waits on a modelled GPU, sandbox starts, tool calls and grading take their real time. Same columns;
 ``--swe-*`` flags set its sizes.
 
-Part 2, learning (not with ``--quick``). The quickstart task (``skyrl_train.quickstart``): one SFT warm start, then
+Part 2, learning (not with ``--quick``). The quickstart task (``skyrl_train.quickstart``) for each of
+``--learning-seeds`` seeds (default 3; a mode's row is the mean): one SFT warm start per seed, then
 ``--learning-steps`` (default 200, the quickstart's) GRPO steps of 32 prompts × 8 samples from it in each mode, the
 same trajectories' worth in each, through ``skyrl_train.run.run`` with the tiny model and its local engine on the
 CPU (one compute thread, so the modes overlap nothing here: this part checks learning, not speed). Reported:
@@ -57,6 +58,7 @@ import functools
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -272,12 +274,31 @@ def scheduling_part(w: Workload, warmup: int, timed: int) -> dict[str, Any]:
 # --- Part 2: learning still works -----------------------------------------------------------------------------------
 
 
-def learning_part(steps: int, smoke: bool, work: Path) -> dict[str, Any]:
-    """The quickstart's GRPO phase in each mode from one SFT warm start; held-out reward before and after."""
+def learning_part(steps: int, seeds: int, smoke: bool, work: Path) -> dict[str, Any]:
+    """The quickstart's GRPO phase in each mode, from one SFT warm start per seed; held-out reward before and after.
+
+    A mode's row is its mean over the seeds. Each seed draws its own model, data split and SFT start, which every
+    mode of that seed shares, so a seed's gap against sync compares runs from one start.
+    """
+    result: dict[str, Any] = {"run": True, "smoke": smoke, "steps": steps, "seeds": seeds, "per_seed": []}
+    for seed in range(seeds):
+        result["per_seed"].append(learning_seed(steps, seed, smoke, work / f"seed-{seed}"))
+    first = result["per_seed"][0]
+    result["trajectories_per_mode"] = first["trajectories_per_mode"]
+    result["modes"] = {mode: mean_row([run["modes"][mode] for run in result["per_seed"]]) for mode in MODES}
+    sync = result["modes"]["sync"]["after"]
+    for row in result["modes"].values():
+        row["gap_vs_sync"] = row["after"] - sync
+        row["within"] = abs(row["after"] - sync) <= REWARD_GAP
+    return result
+
+
+def learning_seed(steps: int, seed: int, smoke: bool, work: Path) -> dict[str, Any]:
+    """One seed: an SFT warm start, then ``steps`` GRPO steps from it in each mode."""
     from skyrl_train import quickstart
     from skyrl_train.models.tiny import build_tiny_model
 
-    config = quickstart.QuickstartConfig(run_dir=work, rl_steps=steps)
+    config = quickstart.QuickstartConfig(run_dir=work, rl_steps=steps, seed=seed)
     if smoke:  # the sizes of `python -m skyrl_train.quickstart --smoke`
         config = dataclasses.replace(
             config, sft_max_steps=4, sft_eval_every=2, rl_prompts_per_step=4, rl_samples_per_prompt=2,
@@ -290,20 +311,29 @@ def learning_part(steps: int, smoke: bool, work: Path) -> dict[str, Any]:
     eval_file = quickstart.write_rows(held_out, work / "data" / "eval.jsonl")
     started = time.monotonic()
     sft = asyncio.run(quickstart.sft_warm_start(config, base, train, held_out))
-    result: dict[str, Any] = {"run": True, "smoke": smoke, "steps": steps, "sft_steps": sft["steps"], "modes": {}}
-    result["sft_s"] = time.monotonic() - started
+    result: dict[str, Any] = {"seed": seed, "sft_steps": sft["steps"], "sft_s": time.monotonic() - started}
     result["trajectories_per_mode"] = steps * config.rl_prompts_per_step * config.rl_samples_per_prompt
+    result["modes"] = {}
     for mode in MODES:
         rl = quickstart.rl_config(
             dataclasses.replace(config, run_dir=work / mode), Path(sft["model"]), train_file, eval_file
         )
-        print(f"learning: {mode}, {steps} GRPO steps", flush=True)
+        print(f"learning: seed {seed}, {mode}, {steps} GRPO steps", flush=True)
         result["modes"][mode] = train_mode(rl, mode)
     sync = result["modes"]["sync"]["after"]
     for row in result["modes"].values():
         row["gap_vs_sync"] = row["after"] - sync
-        row["within"] = abs(row["after"] - sync) <= REWARD_GAP
     return result
+
+
+def mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode over the seeds: mean rewards and wall time, and each seed's gap against sync."""
+    return {
+        "before": statistics.fmean(r["before"] for r in rows),
+        "after": statistics.fmean(r["after"] for r in rows),
+        "wall_s": statistics.fmean(r["wall_s"] for r in rows),
+        "seed_gaps": [r["gap_vs_sync"] for r in rows],
+    }
 
 
 def train_mode(config: Config, mode: str) -> dict[str, Any]:
@@ -366,13 +396,14 @@ def scheduling_table(modes: dict[str, Any]) -> str:
 
 
 def learning_table(learning: dict[str, Any]) -> str:
-    header = ["mode", "held-out reward before", "after", "after − sync", f"within {REWARD_GAP}", "wall s"]
+    header = ["mode", "held-out reward before", "after", "after − sync", "per seed", f"within {REWARD_GAP}",
+              "wall s"]  # fmt: skip
     rows = [
-        [mode, f"{r['before']:.3f}", f"{r['after']:.3f}", f"{r['gap_vs_sync']:+.3f}", "yes" if r["within"] else "NO",
-         f"{r['wall_s']:.0f}"]
+        [mode, f"{r['before']:.3f}", f"{r['after']:.3f}", f"{r['gap_vs_sync']:+.3f}",
+         " / ".join(f"{gap:+.3f}" for gap in r["seed_gaps"]), "yes" if r["within"] else "NO", f"{r['wall_s']:.0f}"]
         for mode, r in learning["modes"].items()
     ]  # fmt: skip
-    return render(header, rows, {1, 2, 3, 5})
+    return render(header, rows, {1, 2, 3, 6})
 
 
 def print_report(result: dict[str, Any]) -> None:
@@ -402,7 +433,8 @@ def print_report(result: dict[str, Any]) -> None:
     learning = result["learning"]
     if learning["run"]:
         print(f"\nLearning: the quickstart task, {learning['steps']} GRPO steps "
-              f"({learning['trajectories_per_mode']} trajectories) per mode from one SFT warm start"
+              f"({learning['trajectories_per_mode']} trajectories) per mode, mean of {learning['seeds']} seeds "
+              f"(one SFT warm start each)"
               f"{' (smoke size: measures nothing)' if learning['smoke'] else ''}\n")  # fmt: skip
         print(learning_table(learning))
     else:
@@ -419,6 +451,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed steps first (default 2; quick and tiny 1)")
     parser.add_argument("--steps", type=int, help="timed steps a mode (default 20; quick 6, tiny 2)")
     parser.add_argument("--learning-steps", type=int, default=200, help="GRPO steps a mode (the quickstart's 200)")
+    parser.add_argument("--learning-seeds", type=int, default=3, help="seeds a mode, averaged (tiny: 1)")
     parser.add_argument("--skip-learning", action="store_true", help="no learning rows")
     parser.add_argument("--skip-swe", action="store_true", help="no SWE rows (part 1b)")
     parser.add_argument("--swe-steps", type=int, help="timed SWE steps a mode (default 6; quick 3, tiny 2)")
@@ -442,8 +475,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (1 if small else 2)
     args.steps = args.steps if args.steps is not None else (2 if args.tiny else 6 if args.quick else 20)
     args.swe_steps = args.swe_steps if args.swe_steps is not None else (2 if args.tiny else 3 if args.quick else 6)
-    if args.warmup < 1 or args.steps < 1 or args.swe_steps < 1:
-        parser.error("--warmup, --steps and --swe-steps must be >= 1")
+    if min(args.warmup, args.steps, args.swe_steps, args.learning_steps, args.learning_seeds) < 1:
+        parser.error("--warmup, --steps, --swe-steps, --learning-steps and --learning-seeds must be >= 1")
     return args
 
 
@@ -453,10 +486,11 @@ def learning_or_reason(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick and not args.tiny:
         return {
             "run": False,
-            "reason": "not with --quick (an SFT warm start and 3 × 200 GRPO steps: ≈12 min on 2 cores)",
+            "reason": "not with --quick (per seed an SFT warm start and 3 × 200 GRPO steps: ≈12 min on 2 cores)",
         }
     with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
-        return learning_part(2 if args.tiny else args.learning_steps, args.tiny, Path(tmp))
+        seeds = 1 if args.tiny else args.learning_seeds
+        return learning_part(2 if args.tiny else args.learning_steps, seeds, args.tiny, Path(tmp))
 
 
 def swe_or_reason(args: argparse.Namespace) -> dict[str, Any]:

@@ -67,5 +67,10 @@ def test_async_bench_tiny_runs_every_mode_and_reports_its_keys(tmp_path: Path) -
         assert 0 <= row["before"] <= 1
         assert 0 <= row["after"] <= 1
         assert row["within"] == (abs(row["after"] - learning["modes"]["sync"]["after"]) <= 0.05)
+    assert learning["seeds"] == len(learning["per_seed"]) == 1
+    seed_run = learning["per_seed"][0]
+    for mode, row in learning["modes"].items():  # one seed: the mean is that seed's run
+        assert row["after"] == seed_run["modes"][mode]["after"]
+        assert row["seed_gaps"] == [seed_run["modes"][mode]["after"] - seed_run["modes"]["sync"]["after"]]
     assert len(result["targets"]) == 6
     assert all(target["met"] in (True, False) for target in result["targets"])  # reported, whichever it is
