@@ -1,6 +1,6 @@
 """``trainer.async_mode`` side by side: ``sync``, ``one_step_off`` and ``fully_async`` on a slow multi-turn env.
 
-    .venv/bin/python benchmarks/async_bench.py                      # 2 + 20 steps a mode, learning rows, 3 seeds (≈45 min)
+    .venv/bin/python benchmarks/async_bench.py                      # 2 + 20 steps a mode, learning, 3 seeds (≈45 min)
     .venv/bin/python benchmarks/async_bench.py --quick --json OUT   # 1 + 6 steps a mode, no learning rows (≈1 min)
     .venv/bin/python benchmarks/async_bench.py --tiny --json OUT    # smoke run (tests/test_async_bench_smoke.py)
 
