@@ -23,6 +23,7 @@ from skyrl_train.models.tiny import TinyModelSpec, build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "skyrl-train" / "examples" / "swe_react.yaml"
+MINI_EXAMPLE = REPO / "skyrl-train" / "examples" / "swe_mini_swe_agent.yaml"
 TIMEOUT_S = 600  # the run takes about a minute on 2 cores; this only bounds a hang
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -32,6 +33,12 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def long_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with 2048 positions: an SWE episode's first prompt alone is longer than the default 512."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-2048"), spec=TinyModelSpec(max_position_embeddings=2048))
+
+
+@pytest.fixture(scope="module")
+def longer_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with 8192 positions: mini-swe-agent's first prompt is ≈4,100 tokens of the tiny tokenizer."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-8192"), spec=TinyModelSpec(max_position_embeddings=8192))
 
 
 def _two_tasks(tmp_path: Path) -> Path:
@@ -96,13 +103,14 @@ def _leftovers(run_id: str) -> list[str]:
         client.close()
 
 
-def test_swe_example_trains_two_steps_from_the_cli(tmp_path: Path, long_tiny_model: Path) -> None:
+def _train(tmp_path: Path, example: Path, model: Path, extra: tuple[str, ...] = ()) -> tuple[Path, list[dict]]:
+    """Run ``skyrl-train --config example`` shrunk to ``model`` (and ``extra``); the run dir and the steps' metrics."""
     from skyrl_agent.sandbox import reaper
 
     run_id = f"swe-cli-test-{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "skyrl_train", "--config", str(EXAMPLE)]
-    command += _overrides(long_tiny_model, _two_tasks(tmp_path), run_dir, run_id)
+    command = [sys.executable, "-m", "skyrl_train", "--config", str(example)]
+    command += [*_overrides(model, _two_tasks(tmp_path), run_dir, run_id), *extra]
     try:
         done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
         left = _leftovers(run_id)
@@ -111,9 +119,12 @@ def test_swe_example_trains_two_steps_from_the_cli(tmp_path: Path, long_tiny_mod
     assert done.returncode == 0, f"skyrl-train failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
     assert "done: 2 steps" in done.stdout
     assert left == [], f"the run left Docker resources behind: {left}"
-
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [line for line in lines if "reward/mean" in line]
+    return run_dir, [line for line in lines if "reward/mean" in line]
+
+
+def test_swe_example_trains_two_steps_from_the_cli(tmp_path: Path, long_tiny_model: Path) -> None:
+    run_dir, steps = _train(tmp_path, EXAMPLE, long_tiny_model)
     assert [line["step"] for line in steps] == [1, 2]
     for line in steps:
         assert line["agent/episodes"] == 4  # 2 tasks × 2 samples, each one episode through the dispatcher
@@ -130,3 +141,22 @@ def test_swe_example_trains_two_steps_from_the_cli(tmp_path: Path, long_tiny_mod
     spans = {(event["cat"], event["name"]) for event in trace["traceEvents"] if event["ph"] == "X"}
     assert {("sandbox", "start"), ("sandbox", "close"), ("env", "init"), ("engine", "generate")} <= spans, spans
     assert 0 < steps[0]["timing/engine_busy_fraction"] <= 1
+
+
+def test_mini_swe_agent_example_trains_two_steps_from_the_cli(tmp_path: Path, longer_tiny_model: Path) -> None:
+    """mini-swe-agent, unmodified, plays the episodes through the run's gateway; its recorded tokens are trained."""
+    pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (skyrl-agent[mini-swe-agent])")
+    extra = ("generator.max_input_length=7680", "inference.engine_kwargs.max_model_len=8192")
+    run_dir, steps = _train(tmp_path, MINI_EXAMPLE, longer_tiny_model, extra)
+    assert [line["step"] for line in steps] == [1, 2]
+    for line in steps:
+        assert line["agent/episodes"] == 4
+        assert line["agent/outcome/sandbox_error/count"] == 0
+        assert line["agent/outcome/agent_error/count"] == 0  # the harness ran to its own end in every episode
+        assert line["generate/num_generated_tokens/mean"] > 0  # rows hold the tokens the gateway recorded
+        assert line["harness/commands/mean"] >= 0
+        assert line["harness/samples_per_episode/mean"] >= 1  # every episode made model calls
+        assert 0.0 <= line["reward/mean"] <= 1.0
+    trace = json.loads((run_dir / "trace.json").read_text())
+    spans = {(event["cat"], event["name"]) for event in trace["traceEvents"] if event["ph"] == "X"}
+    assert {("sandbox", "start"), ("sandbox", "close"), ("env", "init")} <= spans, spans

@@ -34,6 +34,7 @@ CPU_EXAMPLES = ["gsm8k_multi_turn", "text2sql", "search", "lcb"]  # run here
 RUN_ELSEWHERE = {  # needs vLLM and Ray; needs Docker
     "distributed": "tests/test_distributed_example.py",
     "swe_react": "integration_tests/test_swe_train_cli.py",
+    "swe_mini_swe_agent": "integration_tests/test_swe_train_cli.py",
 }
 
 pytestmark = pytest.mark.slow

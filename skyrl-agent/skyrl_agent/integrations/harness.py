@@ -102,7 +102,7 @@ class HarnessGenerator(AgentGenerator):
 
     async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
         """Run one harness episode per row of ``batch``; one output row per input row, in order."""
-        sessions = GatewaySessions(await self._gateway())
+        sessions = GatewaySessions(await self._gateway(batch))
         episodes = self._episodes(batch)
         pipeline = self._harness_pipeline(batch, sessions)
         dispatcher = pipeline.dispatcher(null_policy(), self.config.dispatcher, clock=self.clock)
@@ -118,14 +118,21 @@ class HarnessGenerator(AgentGenerator):
         if gateway is not None:
             await gateway.stop()
 
-    async def _gateway(self) -> Gateway:
-        """The gateway, started on the running loop at the first batch (the engine is used from that loop)."""
+    async def _gateway(self, batch: GeneratorInput) -> Gateway:
+        """The gateway, started on the running loop at the first batch (the engine is used from that loop).
+
+        A request that sets no ``max_tokens`` (most harnesses) gets the run's ``generator.max_generate_length``.
+        """
         if self.gateway is None:
             from skyrl_train.gateway import Gateway, GatewayConfig
 
             engine = self._inner_engine
             assert engine is not None  # an engine is required by __init__
-            config = GatewayConfig(model_name=self.model_name, max_model_len=self.config.max_input_length)
+            config = GatewayConfig(
+                model_name=self.model_name,
+                max_model_len=self.config.max_input_length,
+                default_max_tokens=batch.sampling_params.max_tokens,
+            )
             self.gateway = Gateway(engine, self.tokenizer, config)
             await self.gateway.start()
         return self.gateway

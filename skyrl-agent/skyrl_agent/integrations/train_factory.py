@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from skyrl_agent.agents.swe_env import instructions
 from skyrl_agent.dispatch import DispatcherConfig, StageLimits, Timeouts
 from skyrl_agent.dispatch.outcomes import FailurePolicy
+from skyrl_agent.harness.base import Harness
+from skyrl_agent.integrations.harness import HarnessGenerator
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorConfig
 from skyrl_agent.sandbox.base import SandboxBackend
 from skyrl_agent.tasks.format import SWETask
@@ -37,7 +39,15 @@ from skyrl_agent.tasks.format import SWETask
 if TYPE_CHECKING:
     from skyrl_train.generators.factory import GeneratorContext
 
-__all__ = ["ENV_CLASS", "RUN_LABEL", "SWETrainGenerator", "dataset_rows", "export_dataset", "swe_generator"]
+__all__ = [
+    "ENV_CLASS",
+    "RUN_LABEL",
+    "SWEHarnessTrainGenerator",
+    "SWETrainGenerator",
+    "dataset_rows",
+    "export_dataset",
+    "swe_generator",
+]
 
 ENV_CLASS = "swe"  # the env class of every row (AgentGenerator runs only these)
 RUN_LABEL = "skyrl.run"  # the sandbox label naming the run (docker ps -a --filter label=skyrl.run=<run_id>)
@@ -61,6 +71,21 @@ class SWETrainGenerator(AgentGenerator):
         await self.backend.close()
 
 
+class SWEHarnessTrainGenerator(HarnessGenerator):
+    """A :class:`HarnessGenerator` that owns its sandbox backend and gateway: :meth:`close` ends both."""
+
+    def __init__(self, *args: Any, run_id: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_id = run_id
+
+    async def close(self) -> None:
+        """Stop the gateway, remove every sandbox still open and release the backend; the engine is left alone."""
+        try:
+            await super().close()
+        finally:
+            await self.backend.close()
+
+
 def swe_generator(
     context: GeneratorContext,
     *,
@@ -80,7 +105,8 @@ def swe_generator(
     command_timeout_s: float = 60.0,
     max_episode_attempts: int = 2,
     reaper: bool = True,
-) -> SWETrainGenerator:
+    harness: str | None = None,
+) -> AgentGenerator:
     """The run's generator: SWE episodes of the ReAct agent in ``backend`` sandboxes (``generator.factory``).
 
     Every argument after ``context`` is a key of ``generator.factory_kwargs``. Times are seconds of the episode's
@@ -106,9 +132,13 @@ def swe_generator(
         command_timeout_s: What one shell command of the agent may take inside the sandbox.
         max_episode_attempts: Runs of an episode whose sandbox failed, the first included.
         reaper: With ``docker``, remove dead runs' sandboxes now and this run's at exit and on SIGTERM/SIGINT.
+        harness: Instead of the ReAct agent, this unmodified agent program (``mini-swe-agent``) plays each
+            episode, its model calls going through a gateway over the run's engine that records the tokens
+            (:class:`~skyrl_agent.integrations.harness.HarnessGenerator`).
 
     Raises:
-        ValueError: A limit is not positive, or ``backend`` is unknown or not available here.
+        ValueError: A limit is not positive, ``backend`` is unknown or not available here, or ``harness`` is
+            unknown or not installed.
     """
     from skyrl_train.generators.chat import ChatEncoder
 
@@ -149,8 +179,23 @@ def swe_generator(
         labels={RUN_LABEL: run_id},
     )
     chat = ChatEncoder(context.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
+    program = None if harness is None else _harness(harness)  # refuse an unknown one before starting sandboxes
     sandboxes = make_backend(backend, run_id, lifetime_s=timeouts.sandbox_lifetime_s, reaper=reaper)
-    return SWETrainGenerator(sandboxes, chat, engine=context.engine, config=config, run_id=run_id)
+    if program is None:
+        return SWETrainGenerator(sandboxes, chat, engine=context.engine, config=config, run_id=run_id)
+    return SWEHarnessTrainGenerator(
+        sandboxes, chat, engine=context.engine, tokenizer=context.tokenizer, harness=program, config=config,
+        command_timeout_s=command_timeout_s, run_id=run_id,
+    )  # fmt: skip
+
+
+def _harness(name: str) -> Harness:
+    from skyrl_agent.integrations.serving import make_harness
+
+    try:
+        return make_harness(name)
+    except ValueError as exc:
+        raise ValueError(f"generator.factory_kwargs.harness: {exc}") from exc
 
 
 def make_backend(name: str, run_id: str, *, lifetime_s: float | None = None, reaper: bool = True) -> SandboxBackend:
