@@ -181,7 +181,8 @@ def format_summary(summary: dict[str, Any], per_task: dict[str, tuple[int, int]]
     outcomes = ", ".join(f"{name} {count}" for name, count in summary["outcomes"].items())
     rows.append(
         f"{summary['resolved']}/{summary['episodes']} resolved ({summary['resolved_rate']:.0%}); {outcomes}; "
-        f"wall {summary['wall_s']:.1f} s, sandbox {summary['sandbox_s']:.1f} s, LLM {summary['llm_s']:.1f} s"
+        f"wall {summary['wall_s']:.1f} s, sandbox {summary['sandbox_s']:.1f} s, "
+        + ("LLM not timed" if summary["llm_s"] is None else f"LLM {summary['llm_s']:.1f} s")
     )
     return "\n".join(rows)
 
@@ -237,6 +238,8 @@ async def run_tasks(
     summary["metrics"] = dispatched.metrics
     summary["model"], summary["run_id"] = options.model, options.run_id
     summary["harness"] = options.harness or "react"
+    if options.harness is not None:
+        summary["llm_s"] = None  # the harness's model calls are its own HTTP requests: no span times them
     options.out.mkdir(parents=True, exist_ok=True)
     with (options.out / "trajectories.jsonl").open("w") as fh:
         for result in dispatched.results:

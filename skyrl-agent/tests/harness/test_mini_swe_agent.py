@@ -10,7 +10,6 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,28 +27,6 @@ from skyrl_agent.integrations.harness import GatewaySessions, OracleEngine
 from skyrl_agent.llm.scripted import null_policy
 from skyrl_agent.tasks import load_suite
 from skyrl_agent.tasks.process_backend import ProcessBackend
-
-
-class RecordingOracle(OracleEngine):
-    """The oracle engine, keeping every output it returned (to compare with what was recorded)."""
-
-    def __init__(self, tokenizer: Any, tasks: Any) -> None:
-        super().__init__(tokenizer, tasks)
-        self.outputs: list[list[int]] = []
-
-    async def generate(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
-        outputs = await super().generate(prompts, params)
-        self.outputs.extend(list(out.token_ids) for out in outputs)
-        return outputs
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from skyrl_train.models.tiny import build_tokenizer
-
-    tok = build_tokenizer()
-    tok.model_max_length = 1 << 20
-    return tok
 
 
 def test_cli_oracle_resolves_the_suite_and_records_token_ids(tmp_path: Path) -> None:
@@ -86,11 +63,11 @@ def _pipeline(backend: ProcessBackend, harness: Any, server: Any, **kwargs: Any)
     return HarnessPipeline(backend, AgentConfig(max_turns=kwargs.pop("max_turns", 5)), harness=harness, server=server)
 
 
-def test_recorded_ids_are_the_engine_ids_bitwise(tokenizer: Any) -> None:
+def test_recorded_ids_are_the_engine_ids_bitwise(tokenizer: Any, recording_oracle: Any) -> None:
     from skyrl_train.gateway import Gateway, GatewayConfig
 
     tasks = load_suite()[:3]
-    engine = RecordingOracle(tokenizer, tasks)
+    engine = recording_oracle(tokenizer, tasks)
 
     async def go() -> Any:
         async with Gateway(engine, tokenizer, GatewayConfig(max_model_len=1 << 20)) as gateway:
