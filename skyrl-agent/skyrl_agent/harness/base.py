@@ -74,6 +74,9 @@ class SessionServer(Protocol):
         ...
 
 
+Guard = Callable[[Awaitable[CommandResult]], Awaitable[CommandResult]]
+
+
 class SandboxShell:
     """Runs commands in the episode's sandbox from the harness's thread.
 
@@ -82,6 +85,8 @@ class SandboxShell:
         loop: The event loop the episode runs on (commands run there).
         workdir: Where commands start.
         guard: Wraps each command's coroutine with the episode's deadlines (``RunContext.call_tool``).
+        whole_guard: Wraps a command that is the whole harness (``run(..., whole=True)``): the episode deadline
+            only, no per-command one. Default ``guard``.
         timeout_s: A command's own limit when the harness gives none.
     """
 
@@ -91,16 +96,21 @@ class SandboxShell:
         loop: asyncio.AbstractEventLoop,
         workdir: str,
         *,
-        guard: Callable[[Awaitable[CommandResult]], Awaitable[CommandResult]] | None = None,
+        guard: Guard | None = None,
+        whole_guard: Guard | None = None,
         timeout_s: float = 60.0,
     ) -> None:
         self.sandbox, self.loop, self.workdir = sandbox, loop, workdir
-        self.guard, self.timeout_s = guard, timeout_s
+        self.guard, self.whole_guard, self.timeout_s = guard, whole_guard or guard, timeout_s
         self.commands = 0
         self._closed = threading.Event()
 
-    def run(self, command: str, *, timeout_s: float | None = None, cwd: str | None = None) -> CommandResult:
+    def run(
+        self, command: str, *, timeout_s: float | None = None, cwd: str | None = None, whole: bool = False
+    ) -> CommandResult:
         """Run ``command`` in the sandbox and wait for it (call from the harness thread, not the loop).
+
+        ``whole``: the command is the whole harness (a command-line harness), bound by the episode deadline only.
 
         Raises:
             HarnessCancelled: The episode is over.
@@ -111,8 +121,9 @@ class SandboxShell:
         self.commands += 1
         limit = timeout_s if timeout_s is not None else self.timeout_s
         coroutine: Awaitable[CommandResult] = self.sandbox.run(command, timeout_s=limit, workdir=cwd or self.workdir)
-        if self.guard is not None:
-            coroutine = self.guard(coroutine)
+        guard = self.whole_guard if whole else self.guard
+        if guard is not None:
+            coroutine = guard(coroutine)
         future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), self.loop)
         while True:  # wake up now and then: a closed shell must not wait out a long command
             try:

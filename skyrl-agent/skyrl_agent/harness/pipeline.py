@@ -105,7 +105,12 @@ class HarnessPipeline(SWEPipeline):
             base_commit = await prepare_workspace(task, sandbox)
         session_id, endpoint = self._endpoint(episode)
         shell = SandboxShell(
-            sandbox, asyncio.get_running_loop(), task.workdir, guard=self._guard(ctx), timeout_s=self.command_timeout_s
+            sandbox,
+            asyncio.get_running_loop(),
+            task.workdir,
+            guard=self._guard(ctx),
+            whole_guard=self._whole_guard(ctx),
+            timeout_s=self.command_timeout_s,
         )
         job = HarnessJob(task, endpoint, shell, self.agent.max_turns, episode.id)
         samples: Sequence[Any] = []
@@ -138,6 +143,14 @@ class HarnessPipeline(SWEPipeline):
         async def guarded(command: Awaitable[CommandResult]) -> CommandResult:
             with span_on(self.spans, "env", "step"):
                 return await ctx.call_tool(command, "harness_command")
+
+        return guarded
+
+    def _whole_guard(self, ctx: RunContext) -> Any:
+        async def guarded(command: Awaitable[CommandResult]) -> CommandResult:
+            with span_on(self.spans, "env", "step"), ctx.trace.span("harness_command"):
+                deadlines = [ctx.deadline] if ctx.deadline is not None else []
+                return await within(command, *deadlines)
 
         return guarded
 

@@ -9,6 +9,7 @@ needs skyrl-train installed (the gateway lives there); the plain one does not.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from skyrl_agent.tasks.format import SWETask
 
 __all__ = ["HARNESSES", "Serving", "make_harness", "serving"]
 
-HARNESSES = ("mini-swe-agent",)
+HARNESSES = ("mini-swe-agent", "command:ARGV")
 ORACLE_CONTEXT = 1 << 20  # the oracle has no context limit; the gateway's must not refuse the long SWE prompts
 
 
@@ -31,7 +32,8 @@ class Serving:
 
 
 def make_harness(name: str) -> Harness:
-    """The harness called ``name``.
+    """The harness called ``name``: ``mini-swe-agent``, or ``command:ARGV`` (a program run in the sandbox, e.g.
+    ``command:python /opt/agent.py``; see :mod:`skyrl_agent.harness.command`).
 
     Raises:
         ValueError: No such harness, or its package is not installed (the message says how to install it).
@@ -43,6 +45,13 @@ def make_harness(name: str) -> Harness:
             return MiniSWEAgent()
         except ImportError as exc:
             raise ValueError(str(exc)) from exc
+    if name.startswith("command:"):
+        from skyrl_agent.harness.command import CommandHarness
+
+        argv = shlex.split(name.removeprefix("command:"))
+        if not argv:
+            raise ValueError("harness command: names no program (e.g. command:python agent.py)")
+        return CommandHarness(argv)
     raise ValueError(f"unknown harness {name!r}; choose one of {', '.join(HARNESSES)}")
 
 
