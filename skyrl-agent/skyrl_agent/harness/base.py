@@ -177,7 +177,10 @@ class HarnessResult:
 class Harness(Protocol):
     """An agent program: runs one job to its end in the calling thread."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """What results and messages call it."""
+        ...
 
     def __call__(self, job: HarnessJob) -> HarnessResult:
         """Run the episode; return how it ended (raising counts as the harness crashing)."""

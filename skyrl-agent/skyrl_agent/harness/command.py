@@ -17,6 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from skyrl_agent.harness.base import HarnessJob, HarnessResult
 
@@ -57,5 +58,5 @@ class CommandHarness:
             status = "TimeExceeded"
         else:
             status = "Submitted" if result.exit_code == 0 else f"exit {result.exit_code}"
-        messages = [{"role": "tool", "content": result.output}]
+        messages: list[Mapping[str, Any]] = [{"role": "tool", "content": result.output}]
         return HarnessResult(status, messages, submitted=status == "Submitted")

@@ -32,8 +32,10 @@ class Serving:
 
 
 def make_harness(name: str) -> Harness:
-    """The harness called ``name``: ``mini-swe-agent``, or ``command:ARGV`` (a program run in the sandbox, e.g.
-    ``command:python /opt/agent.py``; see :mod:`skyrl_agent.harness.command`).
+    """The harness called ``name``: ``mini-swe-agent``, or ``command:ARGV``.
+
+    ``command:ARGV`` is a program run in the sandbox, e.g. ``command:python /opt/agent.py``
+    (:mod:`skyrl_agent.harness.command`).
 
     Raises:
         ValueError: No such harness, or its package is not installed (the message says how to install it).
