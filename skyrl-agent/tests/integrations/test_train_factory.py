@@ -26,6 +26,7 @@ import uuid
 sys.modules["torch"] = None
 sys.modules["skyrl_train"] = None  # any import of them now raises
 from skyrl_agent.integrations.train_factory import export_dataset, swe_generator
+import skyrl_agent.harness.command, skyrl_agent.harness.mini_swe_agent, skyrl_agent.integrations.serving
 assert export_dataset({str(tmp_path / "rows.jsonl")!r}) == 21
 """
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -105,6 +106,7 @@ def test_settings_come_from_the_run_and_kwargs_override_them(tokenizer: Any, tmp
         swe_generator(context, backend="podman")  # type: ignore[arg-type]
     path = "skyrl_agent.integrations.train_factory:swe_generator"
     assert check_factory(FactorySettings(path, {"backend": "docker", "max_turns": 4})) == []
+    assert check_factory(FactorySettings(path, {"harness": "mini-swe-agent"})) == []
     (problem,) = check_factory(FactorySettings(path, {"max_turn": 4}))
     assert "unexpected keyword argument 'max_turn'" in problem
 
@@ -184,3 +186,19 @@ def test_close_removes_the_sandboxes_still_open(tokenizer: Any, tmp_path: Path) 
         assert _labelled(run_id) == []
     finally:
         reaper.reap(run_id, dead_only=False)
+
+
+def test_the_harness_key_builds_a_harness_generator(tokenizer: Any, tmp_path: Path) -> None:
+    from skyrl_agent.harness.command import CommandHarness
+    from skyrl_agent.integrations.harness import HarnessGenerator
+
+    context = _context(object(), tokenizer, tmp_path)
+    generator = swe_generator(context, backend="process", harness="command:python agent.py", command_timeout_s=7.0)
+    assert isinstance(generator, HarnessGenerator)
+    assert isinstance(generator.harness, CommandHarness)
+    assert list(generator.harness.argv) == ["python", "agent.py"]
+    assert generator.command_timeout_s == 7.0
+    assert generator.config.max_turns == 3  # the run's generator.max_turns: the harness's step limit
+    assert not isinstance(swe_generator(context, backend="process"), HarnessGenerator)
+    with pytest.raises(ValueError, match=r"factory_kwargs\.harness: unknown harness 'nope'"):
+        swe_generator(context, backend="process", harness="nope")
