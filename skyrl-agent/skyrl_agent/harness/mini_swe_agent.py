@@ -30,6 +30,8 @@ from typing import Any
 
 from skyrl_agent.dispatch.clock import DeadlineExceeded
 from skyrl_agent.harness.base import HarnessCancelled, HarnessJob, HarnessResult, SandboxShell
+from skyrl_agent.llm.base import LLMError
+from skyrl_agent.sandbox.base import SandboxError
 
 __all__ = [
     "APPLY_THOUGHT",
@@ -91,7 +93,8 @@ class SandboxEnvironment:
 
     Mirrors its ``DockerEnvironment``: output is stdout and stderr together; a failure to run becomes an output
     with ``returncode`` -1 and ``exception_info``; the submission rule raises its ``Submitted``. The end of the
-    episode (:class:`~.base.HarnessCancelled`, or the episode deadline) is raised through, which stops its agent.
+    episode (:class:`~.base.HarnessCancelled`, the episode deadline) and a lost sandbox
+    (:class:`~skyrl_agent.sandbox.base.SandboxError`) are raised through, which stops its agent.
     """
 
     def __init__(self, shell: SandboxShell, *, env: Mapping[str, str] | None = None, timeout: int = 60) -> None:
@@ -105,8 +108,8 @@ class SandboxEnvironment:
         limit = timeout or self.config.timeout
         try:
             result = self.shell.run(exports + command, timeout_s=float(limit), cwd=cwd or None)
-        except HarnessCancelled:
-            raise
+        except (HarnessCancelled, SandboxError):
+            raise  # the episode is over, or its sandbox is gone: no later command could run either
         except DeadlineExceeded as exc:
             if exc.kind == "episode":
                 raise
@@ -192,6 +195,8 @@ class MiniSWEAgent:
         except Exception as exc:
             if type(exc).__name__ == "ContextWindowExceededError":  # the model ran out of context: a limit
                 return HarnessResult("ContextWindowExceeded", _plain(agent.messages), agent.n_calls, error=str(exc))
+            if type(exc).__module__.startswith("litellm"):  # the model server failed after litellm's retries
+                raise LLMError(f"mini-swe-agent's model call failed: {type(exc).__name__}: {exc}") from exc
             raise
         status = str(info.get("exit_status", ""))
         return HarnessResult(status, _plain(agent.messages), agent.n_calls, submitted=status == "Submitted")

@@ -10,8 +10,11 @@
     release    close the sandbox
 
 A harness that hits its own turn limit ends *truncated* (ungraded, like the built-in agent out of turns); any
-other return is graded, whatever the harness thought of its work. A harness that raises fails the episode as an
-agent error. The deadline is the dispatcher's: time the engine spends paused for a weight sync counts against
+other return is graded, whatever the harness thought of its work. What it raises decides the outcome as for the
+built-in agent: a command that broke the sandbox ends it ``agent_broke_sandbox`` (reward 0); the model server
+failing (:class:`~skyrl_agent.llm.base.LLMError`) is a ``model_error``, the sandbox failing a ``sandbox_error``, a
+deadline ``timed_out`` (all three masked, per the failure policy); anything else is an ``agent_error``
+(:class:`HarnessError`). The deadline is the dispatcher's: time the engine spends paused for a weight sync counts against
 none of it, because the session's requests simply wait at the gateway meanwhile.
 """
 
@@ -27,11 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skyrl_agent.dispatch import Episode, RunContext
-from skyrl_agent.dispatch.clock import within
+from skyrl_agent.dispatch.clock import DeadlineExceeded, within
+from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.harness.base import Endpoint, Harness, HarnessJob, HarnessResult, SandboxShell, SessionServer
-from skyrl_agent.llm.base import LLMClient
+from skyrl_agent.llm.base import LLMClient, LLMError
 from skyrl_agent.pipeline import SWEPipeline
-from skyrl_agent.sandbox.base import CommandResult, Sandbox
+from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxError
+from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 from skyrl_agent.spans import span_on
 from skyrl_agent.tasks.format import SWETask
 
@@ -39,6 +44,9 @@ __all__ = ["HarnessError", "HarnessPipeline", "HarnessTrajectory", "session_id_f
 
 # Exit statuses of a harness that stopped on its own limits (turns, time, context).
 TRUNCATED_EXITS = frozenset({"LimitsExceeded", "TimeExceeded", "ContextWindowExceeded"})
+# Raised by a harness, these keep their meaning for the dispatcher's outcomes; anything else is a HarnessError.
+PASSED_THROUGH = (LLMError, SandboxError, DeadlineExceeded)
+SANDBOX_BROKEN = Outcome.AGENT_BROKE_SANDBOX.value
 _UNSAFE = re.compile(r"[^A-Za-z0-9._~-]")
 
 
@@ -61,6 +69,8 @@ class HarnessTrajectory:
         """How the harness ended: ``max_turns`` (its limits), ``submitted``, else its own exit status."""
         if self.truncated:
             return "max_turns"
+        if self.result.exit_status == SANDBOX_BROKEN:
+            return SANDBOX_BROKEN  # not graded: the dispatcher ends it agent_broke_sandbox
         return "submitted" if self.result.submitted else (self.result.exit_status or "stopped")
 
     @property
@@ -117,11 +127,13 @@ class HarnessPipeline(SWEPipeline):
         try:
             deadlines = [ctx.deadline] if ctx.deadline is not None else []
             result = await within(_in_thread(self._harness(), job), *deadlines)
+        except CommandBrokeSandboxError as exc:  # the harness's own command: its doing, not the infrastructure's
+            result = HarnessResult(SANDBOX_BROKEN, model_calls=0, error=str(exc))
         finally:
             shell.close()
             if session_id is not None and self.server is not None:
                 samples = self.server.close_session(session_id)
-        submission = await self._diff(sandbox, task, base_commit)
+        submission = "" if result.exit_status == SANDBOX_BROKEN else await self._diff(sandbox, task, base_commit)
         trajectory = HarnessTrajectory(result, submission, samples, session_id, shell.commands)
         if trajectory.truncated:
             self._finished(episode, resolved=False)
@@ -183,7 +195,9 @@ def _in_thread(harness: Harness, job: HarnessJob) -> asyncio.Future[HarnessResul
     def settle(value: HarnessResult | None, error: BaseException | None) -> None:
         if future.done():
             return
-        if error is not None:
+        if isinstance(error, PASSED_THROUGH):
+            future.set_exception(error)  # the dispatcher classifies these (model, sandbox, deadline)
+        elif error is not None:
             future.set_exception(HarnessError(f"harness {job_name(harness)} raised {type(error).__name__}: {error}"))
         else:
             future.set_result(value)  # type: ignore[arg-type]
