@@ -14,8 +14,10 @@ other return is graded, whatever the harness thought of its work. What it raises
 built-in agent: a command that broke the sandbox ends it ``agent_broke_sandbox`` (reward 0); the model server
 failing (:class:`~skyrl_agent.llm.base.LLMError`) is a ``model_error``, the sandbox failing a ``sandbox_error``, a
 deadline ``timed_out`` (all three masked, per the failure policy); anything else is an ``agent_error``
-(:class:`HarnessError`). The deadline is the dispatcher's: time the engine spends paused for a weight sync counts against
-none of it, because the session's requests simply wait at the gateway meanwhile.
+(:class:`HarnessError`).
+
+The deadline is the dispatcher's: time the engine spends paused for a weight sync counts against none of it,
+because the session's requests simply wait at the gateway meanwhile.
 """
 
 from __future__ import annotations
