@@ -109,6 +109,7 @@ class HarnessGenerator(AgentGenerator):
         dispatched = await dispatcher.run(episodes)
         rows = [self._harness_row(result, pipeline) for result in dispatched.results]
         output = self._output(batch, dispatched.results, rows)
+        output.policy_versions = _versions(dispatched.results, rows)
         output.metrics = _metrics(rows, dispatched.results, dispatched.metrics)
         return output
 
@@ -151,14 +152,37 @@ class HarnessGenerator(AgentGenerator):
         )
 
     def _harness_row(self, result: EpisodeResult, pipeline: HarnessPipeline) -> _Row:
-        trajectory = result.trajectory
-        samples = list(trajectory.samples) if isinstance(trajectory, HarnessTrajectory) else []
-        with_replies = [sample for sample in samples if sample.turns]
-        if not with_replies:  # no model call was answered: a prompt-only row (collating needs a prompt)
+        sample = _trained_sample(result)
+        if sample is None:  # no model call was answered: a prompt-only row (collating needs a prompt)
             tokens = TokenRow(self.chat.prompt_ids(pipeline.instructions(result.episode.data["task"])))
         else:
-            tokens = sample_row(with_replies[-1])
+            tokens = sample_row(sample)
         return _Row(tokens, treat(tokens, result), result.treatment.value, result.error)
+
+
+def _trained_sample(result: EpisodeResult) -> Sample | None:
+    """The sample an episode's row holds: the session's last one with replies (None when it has none)."""
+    trajectory = result.trajectory
+    samples = list(trajectory.samples) if isinstance(trajectory, HarnessTrajectory) else []
+    with_replies = [sample for sample in samples if sample.turns]
+    return with_replies[-1] if with_replies else None
+
+
+def _versions(results: Sequence[EpisodeResult], rows: Sequence[_Row]) -> list[list[int]] | None:
+    """Per row and response token, the policy version that sampled it (-1 on context), as the engine reported it.
+
+    None when the engine reported no versions at all (then the trainer tracks staleness per group only).
+    """
+    per_row: list[list[int] | None] = []
+    for result, row in zip(results, rows, strict=True):
+        sample = _trained_sample(result)
+        per_row.append(None if sample is None else sample.policy_versions)
+    if all(versions is None for versions in per_row):
+        return None
+    return [
+        versions if versions is not None else [-1] * len(row.tokens.response_ids)
+        for versions, row in zip(per_row, rows, strict=True)
+    ]
 
 
 def _metrics(rows: Sequence[_Row], results: Sequence[EpisodeResult], dispatch: Mapping[str, float]) -> dict[str, float]:

@@ -91,3 +91,35 @@ def test_a_harness_out_of_steps_is_truncated_with_reward_zero(tokenizer: Any, re
     assert all(sum(rewards) == 0.0 for rewards in output.rewards)
     assert all(sum(mask) > 0 for mask in output.loss_masks)  # its one reply is still a trained row (zero reward)
     assert output.metrics["agent/outcome/truncated/count"] == 2
+
+
+def test_rows_carry_the_policy_version_of_each_sampled_token(tokenizer: Any, recording_oracle: Any) -> None:
+    """An engine that reports versions (as the trainer's does): every sampled token's version reaches the row."""
+
+    def versioned(tokenizer: Any, tasks: Any) -> Any:
+        engine = recording_oracle(tokenizer, tasks)
+        inner = engine.generate
+
+        async def generate(prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
+            outputs = await inner(prompts, params)
+            for out in outputs:
+                out.policy_version = 7 if len(engine.outputs) <= 4 else 8  # the first four replies: version 7
+            return outputs
+
+        engine.generate = generate
+        return engine
+
+    output, _ = _run(tokenizer, versioned, max_turns=5)
+    assert output.policy_versions is not None
+    for versions, mask in zip(output.policy_versions, output.loss_masks, strict=True):
+        assert len(versions) == len(mask)
+        assert all(v == -1 for v, m in zip(versions, mask, strict=True) if not m)
+        assert {v for v, m in zip(versions, mask, strict=True) if m} <= {7, 8}
+    sampled = [v for versions in output.policy_versions for v in versions if v != -1]
+    assert 7 in sampled
+    assert 8 in sampled
+
+
+def test_rows_carry_no_versions_when_the_engine_reports_none(tokenizer: Any, recording_oracle: Any) -> None:
+    output, _ = _run(tokenizer, recording_oracle, max_turns=5, samples=1)
+    assert output.policy_versions is None
