@@ -173,10 +173,8 @@ def _versions(results: Sequence[EpisodeResult], rows: Sequence[_Row]) -> list[li
 
     None when the engine reported no versions at all (then the trainer tracks staleness per group only).
     """
-    per_row: list[list[int] | None] = []
-    for result, row in zip(results, rows, strict=True):
-        sample = _trained_sample(result)
-        per_row.append(None if sample is None else sample.policy_versions)
+    samples = [_trained_sample(result) for result in results]
+    per_row = [None if sample is None else sample.policy_versions for sample in samples]
     if all(versions is None for versions in per_row):
         return None
     return [
