@@ -2,7 +2,9 @@
 
 Writes ``trajectories.jsonl`` (one episode per line: messages, per-turn actions, observations, token ids and
 logprobs, outcome, reward, grade and trace spans) and ``summary.json`` (episodes per outcome, resolved rate, wall
-time and time totals) into the output directory.
+time and time totals) into the output directory. With ``--harness`` an unmodified agent program plays the episodes
+instead of the built-in ReAct agent (:mod:`skyrl_agent.harness`; its lines add the harness's exit status and the
+gateway's recorded token ids per reply).
 """
 
 from __future__ import annotations
