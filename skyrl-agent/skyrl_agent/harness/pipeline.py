@@ -36,7 +36,7 @@ from skyrl_agent.dispatch.clock import DeadlineExceeded, within
 from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.harness.base import Endpoint, Harness, HarnessJob, HarnessResult, SandboxShell, SessionServer
 from skyrl_agent.llm.base import LLMClient, LLMError
-from skyrl_agent.pipeline import SWEPipeline
+from skyrl_agent.pipeline import SWEPipeline, _task
 from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxError
 from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 from skyrl_agent.spans import span_on
@@ -176,13 +176,6 @@ class HarnessPipeline(SWEPipeline):
             return await submission_diff(sandbox, task.workdir, base_commit)
         except (WorkspaceError, OSError):
             return ""  # a repository broken past diffing submits nothing
-
-
-def _task(episode: Episode) -> SWETask:
-    task = episode.data.get("task")
-    if not isinstance(task, SWETask):
-        raise TypeError(f"episode {episode.id} has no SWETask in data['task'] (got {type(task).__name__})")
-    return task
 
 
 def _in_thread(harness: Harness, job: HarnessJob) -> asyncio.Future[HarnessResult]:
