@@ -154,7 +154,7 @@ def test_mini_swe_agent_example_trains_two_steps_from_the_cli(tmp_path: Path, lo
         assert line["agent/outcome/sandbox_error/count"] == 0
         assert line["agent/outcome/agent_error/count"] == 0  # the harness ran to its own end in every episode
         assert line["generate/num_generated_tokens/mean"] > 0  # rows hold the tokens the gateway recorded
-        assert line["harness/commands/mean"] >= 0
+        assert "harness/commands/mean" in line  # the harness metrics reach the run's log
         assert line["harness/samples_per_episode/mean"] >= 1  # every episode made model calls
         assert 0.0 <= line["reward/mean"] <= 1.0
     trace = json.loads((run_dir / "trace.json").read_text())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -129,13 +128,11 @@ def test_a_harness_past_its_deadline_times_out_and_its_thread_stops() -> None:
     pipeline = _pipeline(ProcessBackend(), harness, NoServer())
     timeouts = Timeouts(episode_s=2.5, llm_call_s=None, tool_call_s=None, sandbox_start_s=None, grade_s=None)
     config = DispatcherConfig(limits=StageLimits(), timeouts=timeouts)
-    started = time.monotonic()
     dispatched = asyncio.run(pipeline.dispatcher(null_policy(), config).run([Episode(task.id, {"task": task})]))
     (result,) = dispatched.results
     assert result.outcome is Outcome.TIMED_OUT, result.error
     assert harness.stopped.wait(5), "the harness thread kept running after its episode ended"
     assert 1 <= harness.commands <= 4
-    assert time.monotonic() - started < 30
 
 
 class Recorder:
