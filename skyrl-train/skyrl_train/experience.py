@@ -6,7 +6,9 @@ hold ``rewards`` (token-level) and, when the engine reported them, ``rollout_log
 prompt-group index the advantage estimators, mini-batches and ``prompt_mean`` need. A trajectory that failed (env
 error, engine error, timeout) stays in its prompt's group, so mini-batches are made of whole prompts whatever
 failed; :attr:`Experience.failed` marks it, so its zero reward never enters its group's statistics (see
-``skyrl_train.algorithms.advantages``); the generator has already zeroed its loss mask.
+``skyrl_train.algorithms.advantages``); the generator has already zeroed its loss mask. A trajectory of several
+step-wise rows (see ``skyrl_train.generators.base``) enters group statistics once, through its last row
+(:attr:`Experience.counted`); :attr:`Experience.trajectory_end` maps every row to that row.
 
 :func:`select_rows` and :func:`concat_experiences` reshape a step's experience by whole prompt groups (DAPO's
 dynamic sampling keeps, drops, duplicates and accumulates groups).
@@ -36,6 +38,30 @@ class Experience:
     group_index: torch.Tensor  # [B] int64 prompt group of each row, failed rows included
     trajectory_ids: list[str]
     stop_reasons: list[str]
+    last_step: torch.Tensor | None = None  # [B] bool: the row ends its trajectory; None: every row does
+
+    @property
+    def step_wise(self) -> bool:
+        """Whether some trajectory spans several rows."""
+        return self.last_step is not None and not bool(self.last_step.all())
+
+    @property
+    def counted(self) -> torch.Tensor:
+        """``[B]`` bool: the rows that enter group statistics (last rows of trajectories that did not fail)."""
+        return _last_step(self) & ~self.failed
+
+    @property
+    def trajectory_end(self) -> torch.Tensor:
+        """``[B]`` int64: for each row, the row that ends its trajectory (itself without step-wise rows)."""
+        rows = len(self.stop_reasons)
+        if self.last_step is None:
+            return torch.arange(rows, dtype=torch.long)
+        ends, end = [0] * rows, rows - 1
+        for row in reversed(range(rows)):  # a trajectory's rows are consecutive, its last row flagged
+            if bool(self.last_step[row]):
+                end = row
+            ends[row] = end
+        return torch.tensor(ends, dtype=torch.long)
 
     @property
     def sequence_rewards(self) -> torch.Tensor:
@@ -70,6 +96,7 @@ def to_experience(output: GeneratorOutput, pad_token_id: int) -> Experience:
     A trajectory whose env failed before its prompt was rendered has no prompt tokens; it gets one pad token, so
     the row can ride along (masked) with its group.
     """
+    _check_steps(output)
     stop_reasons = [str(reason) for reason in output.stop_reasons]
     prompts = [
         list(ids) if ids or reason not in FAILURE_STOP_REASONS else [pad_token_id]
@@ -86,7 +113,29 @@ def to_experience(output: GeneratorOutput, pad_token_id: int) -> Experience:
         group_index=group_index_of(output.trajectory_ids),
         trajectory_ids=list(output.trajectory_ids),
         stop_reasons=stop_reasons,
+        last_step=None if output.is_last_step is None else torch.tensor(output.is_last_step, dtype=torch.bool),
     )
+
+
+def _check_steps(output: GeneratorOutput) -> None:
+    """Raise ``ValueError`` unless ``is_last_step`` describes consecutive rows per trajectory, its last one flagged."""
+    flags = output.is_last_step
+    if flags is None:
+        return
+    if len(flags) != len(output):
+        raise ValueError(
+            f"the generator returned {len(flags)} is_last_step flags for {len(output)} rows: give one per row"
+        )
+    if flags and not flags[-1]:
+        raise ValueError(
+            "the generator's last row is not flagged is_last_step: every trajectory must end in a last row"
+        )
+    for row in range(len(flags) - 1):
+        if not flags[row] and output.trajectory_ids[row] != output.trajectory_ids[row + 1]:
+            raise ValueError(
+                f"row {row} ({output.trajectory_ids[row]!r}) is not a last step but row {row + 1} belongs to "
+                f"{output.trajectory_ids[row + 1]!r}: a trajectory's rows must be consecutive, its last one flagged"
+            )
 
 
 def select_rows(experience: Experience, rows: torch.Tensor, group_index: torch.Tensor) -> Experience:
@@ -99,6 +148,7 @@ def select_rows(experience: Experience, rows: torch.Tensor, group_index: torch.T
         group_index=group_index.clone(),
         trajectory_ids=[experience.trajectory_ids[i] for i in picked],
         stop_reasons=[experience.stop_reasons[i] for i in picked],
+        last_step=None if experience.last_step is None else experience.last_step[rows.cpu()],
     )
 
 
@@ -117,4 +167,17 @@ def concat_experiences(parts: Sequence[Experience], pad_token_id: int) -> Experi
         group_index=torch.cat(group_index),
         trajectory_ids=[i for part in parts for i in part.trajectory_ids],
         stop_reasons=[r for part in parts for r in part.stop_reasons],
+        last_step=_concat_last_steps(parts),
     )
+
+
+def _concat_last_steps(parts: Sequence[Experience]) -> torch.Tensor | None:
+    if all(part.last_step is None for part in parts):
+        return None
+    return torch.cat([_last_step(part) for part in parts])
+
+
+def _last_step(experience: Experience) -> torch.Tensor:
+    """``[B]`` bool: the rows that end their trajectory."""
+    rows = len(experience.stop_reasons)
+    return experience.last_step if experience.last_step is not None else torch.ones(rows, dtype=torch.bool)

@@ -62,6 +62,7 @@ from skyrl_train.algorithms import (
     DynamicSamplingType,
     KLController,
     apply_kl_penalty,
+    broadcast_from_last_steps,
     estimate_advantages,
     explained_variance,
     get_advantage_estimator,
@@ -453,10 +454,12 @@ class Trainer:
             )
             self.kl_controller.update(kl_metrics["kl"], len(batch))
             metrics.update({f"reward/{k}": v for k, v in kl_metrics.items()})
-        survived = ~experience.failed
+        if experience.step_wise:
+            self._check_step_wise()
+        counted = experience.counted  # surviving trajectories, once each (their last row)
         if self.settings.zero_variance_filter:
             batch.response_mask = mask_zero_variance_groups(
-                batch.response_mask, experience.sequence_rewards, experience.group_index, valid=survived
+                batch.response_mask, experience.sequence_rewards, experience.group_index, valid=counted
             )
         advantages, returns = estimate_advantages(
             get_advantage_estimator(self.settings.advantage_estimator),
@@ -465,8 +468,10 @@ class Trainer:
             self.settings.advantage,
             group_index=experience.group_index,
             values=batch.tensors.get("values"),
-            valid=survived,
+            valid=counted,
         )
+        if experience.step_wise:
+            advantages, returns = self._broadcast_steps(experience, advantages, returns)
         batch.tensors["advantages"] = advantages
         batch.tensors["returns"] = returns
         metrics["policy/advantage_abs_mean"] = masked_mean(advantages.abs(), batch.response_mask).item()
@@ -475,6 +480,23 @@ class Trainer:
             values, mask = batch.tensors["values"], batch.response_mask
             metrics["critic/explained_variance"] = explained_variance(values, returns, mask)
             metrics["critic/returns_mean"] = masked_mean(returns, mask).item()
+
+    def _check_step_wise(self) -> None:
+        """Raise ``ValueError`` when step-wise rows meet ``gae``, whose per-token values belong to one row."""
+        if self.settings.advantage_estimator == "gae":
+            raise ValueError(
+                "the generator returned step-wise rows (is_last_step) and algorithm.advantage_estimator is 'gae', "
+                "whose per-token advantages do not carry from one row to another: use an outcome estimator "
+                "(grpo, rloo, maxrl, reinforce++) or a generator that returns one row per trajectory"
+            )
+
+    @staticmethod
+    def _broadcast_steps(
+        experience: Experience, advantages: torch.Tensor, returns: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every step-wise row takes its trajectory's last row's advantage and return (see ``generators.base``)."""
+        mask, end = experience.batch.response_mask, experience.trajectory_end
+        return broadcast_from_last_steps(advantages, mask, end), broadcast_from_last_steps(returns, mask, end)
 
     def _update(self, experience: Experience, *, reuse_forward: bool = False) -> Metrics:
         """Update epochs over mini-batches of whole prompt groups; return averaged loss metrics.
@@ -576,7 +598,7 @@ class Trainer:
     async def evaluate(self, prompts: Sequence[PromptRecord]) -> Metrics:
         """Roll out ``prompts`` with the evaluation sampling params; mean reward per ``data_source`` and overall."""
         output = await self.generator.generate(self._generator_input(prompts, training=False))
-        rewards = [sum(r) for r in output.rewards]
+        rewards = output.trajectory_rewards()
         n = self.settings.eval_n_samples_per_prompt
         by_source: defaultdict[str, list[float]] = defaultdict(list)
         for index, reward in enumerate(rewards):
@@ -596,9 +618,11 @@ class Trainer:
 
 
 def _reward_metrics(outputs: Sequence[GeneratorOutput]) -> Metrics:
-    """Reward statistics and stop-reason shares over every trajectory of ``outputs``."""
-    rewards = torch.tensor([sum(r) for o in outputs for r in o.rewards], dtype=torch.float32)
-    reasons = [str(reason) for o in outputs for reason in o.stop_reasons]
+    """Reward statistics and stop-reason shares over every trajectory of ``outputs`` (step-wise rows: once each)."""
+    rewards = torch.tensor([r for o in outputs for r in o.trajectory_rewards()], dtype=torch.float32)
+    reasons = [
+        str(reason) for o in outputs for reason, last in zip(o.stop_reasons, o.last_steps(), strict=True) if last
+    ]
     metrics = {
         "reward/mean": rewards.mean().item(),
         "reward/max": rewards.max().item(),

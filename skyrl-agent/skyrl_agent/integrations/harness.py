@@ -5,14 +5,15 @@
     HarnessGenerator.generate(GeneratorInput)
         for each row, through the dispatcher: a sandbox for the row's task, a gateway session, the harness in its
         own thread with that session as its model server, the workspace diff graded by the hidden tests
-        ─► one token row per input row: the session's recorded sample (prompt ids, the engine's sampled ids and
-            log-probs, loss mask 1 on exactly those), the reward on its last sampled token
+        ─► per input row, the session's recorded samples as token rows (prompt ids, the engine's sampled ids and
+            log-probs, loss mask 1 on exactly those), the reward on the last sampled token of the last one
 
 The gateway (``skyrl_train.gateway``) renders each request with the policy's chat template and records what the
-engine sampled; the harness only ever sees an OpenAI-compatible URL. A session whose harness rewrote its context
-records several samples; the row is the last one (the one that ended the episode) and
-``harness/samples_per_episode`` says how often that happened. skyrl-train is imported inside the calls that need
-it, so this module imports without torch.
+engine sampled; the harness only ever sees an OpenAI-compatible URL. A harness that only ever appends to its
+conversation records one sample: one row. One that rewrote its context (summarised, truncated) records a sample
+per rewrite: its episode becomes that many step-wise rows (``GeneratorOutput.is_last_step``), all trained with the
+episode's advantage; ``harness/samples_per_episode`` says how often that happened. skyrl-train is imported inside
+the calls that need it, so this module imports without torch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from skyrl_agent.dispatch import EpisodeResult
 from skyrl_agent.harness.base import Harness, SessionTicket
 from skyrl_agent.harness.pipeline import HarnessPipeline, HarnessTrajectory
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorConfig, _Row
-from skyrl_agent.integrations.tokens import ChatTemplate, TokenRow, treat
+from skyrl_agent.integrations.tokens import ChatTemplate, TokenRow, treat_steps
 from skyrl_agent.llm.scripted import null_policy
 from skyrl_agent.sandbox.base import SandboxBackend
 from skyrl_agent.tasks.format import SWETask
@@ -101,16 +102,20 @@ class HarnessGenerator(AgentGenerator):
         self.gateway: Gateway | None = None
 
     async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
-        """Run one harness episode per row of ``batch``; one output row per input row, in order."""
+        """Run one harness episode per row of ``batch``; its rows in input order (step-wise when a session split)."""
         sessions = GatewaySessions(await self._gateway(batch))
         episodes = self._episodes(batch)
         pipeline = self._harness_pipeline(batch, sessions)
         dispatcher = pipeline.dispatcher(null_policy(), self.config.dispatcher, clock=self.clock)
         dispatched = await dispatcher.run(episodes)
-        rows = [self._harness_row(result, pipeline) for result in dispatched.results]
-        output = self._output(batch, dispatched.results, rows)
-        output.policy_versions = _versions(dispatched.results, rows)
-        output.metrics = _metrics(rows, dispatched.results, dispatched.metrics)
+        steps = [self._harness_rows(result, pipeline) for result in dispatched.results]
+        results = [result for result, rows in zip(dispatched.results, steps, strict=True) for _ in rows]
+        rows = [row for episode in steps for row, _ in episode]
+        output = self._output(batch, results, rows)
+        output.trajectory_ids = [result.episode.id for result in results]
+        output.is_last_step = [k == len(episode) - 1 for episode in steps for k in range(len(episode))]
+        output.policy_versions = _versions([sample for episode in steps for _, sample in episode], rows)
+        output.metrics = _metrics(rows, output.is_last_step, dispatched.results, dispatched.metrics)
         return output
 
     async def close(self) -> None:
@@ -151,42 +156,51 @@ class HarnessGenerator(AgentGenerator):
             command_timeout_s=self.command_timeout_s,
         )
 
-    def _harness_row(self, result: EpisodeResult, pipeline: HarnessPipeline) -> _Row:
-        sample = _trained_sample(result)
-        if sample is None:  # no model call was answered: a prompt-only row (collating needs a prompt)
-            tokens = TokenRow(self.chat.prompt_ids(pipeline.instructions(result.episode.data["task"])))
+    def _harness_rows(self, result: EpisodeResult, pipeline: HarnessPipeline) -> list[tuple[_Row, Sample | None]]:
+        """The episode's rows, one per recorded sample with replies, with the policy applied, and their samples.
+
+        An episode with no answered model call gets one prompt-only row (collating needs a prompt).
+        """
+        samples = _trained_samples(result)
+        if samples:
+            tokens = [sample_row(sample) for sample in samples]
         else:
-            tokens = sample_row(sample)
-        return _Row(tokens, treat(tokens, result), result.treatment.value, result.error)
+            tokens = [TokenRow(self.chat.prompt_ids(pipeline.instructions(result.episode.data["task"])))]
+        reason = treat_steps(tokens, result)
+        rows = [_Row(row, reason, result.treatment.value, result.error) for row in tokens]
+        recorded: list[Sample | None] = list(samples) if samples else [None]
+        return list(zip(rows, recorded, strict=True))
 
 
-def _trained_sample(result: EpisodeResult) -> Sample | None:
-    """The sample an episode's row holds: the session's last one with replies (None when it has none)."""
+def _trained_samples(result: EpisodeResult) -> list[Sample]:
+    """The samples an episode's rows hold: the session's samples with replies, in order."""
     trajectory = result.trajectory
     samples = list(trajectory.samples) if isinstance(trajectory, HarnessTrajectory) else []
-    with_replies = [sample for sample in samples if sample.turns]
-    return with_replies[-1] if with_replies else None
+    return [sample for sample in samples if sample.turns]
 
 
-def _versions(results: Sequence[EpisodeResult], rows: Sequence[_Row]) -> list[list[int]] | None:
+def _versions(samples: Sequence[Sample | None], rows: Sequence[_Row]) -> list[list[int]] | None:
     """Per row and response token, the policy version that sampled it (-1 on context), as the engine reported it.
 
     None when the engine reported no versions at all (then the trainer tracks staleness per group only).
     """
-    samples = [_trained_sample(result) for result in results]
     per_row = [None if sample is None else sample.policy_versions for sample in samples]
     if all(versions is None for versions in per_row):
         return None
     return [
-        versions if versions is not None else [-1] * len(row.tokens.response_ids)
+        list(versions) if versions is not None else [-1] * len(row.tokens.response_ids)
         for versions, row in zip(per_row, rows, strict=True)
     ]
 
 
-def _metrics(rows: Sequence[_Row], results: Sequence[EpisodeResult], dispatch: Mapping[str, float]) -> dict[str, float]:
+def _metrics(
+    rows: Sequence[_Row], last: Sequence[bool], results: Sequence[EpisodeResult], dispatch: Mapping[str, float]
+) -> dict[str, float]:
+    """The generator's metrics per episode (its last row), plus the harness's and ``harness/rows``."""
     from skyrl_agent.integrations.skyrl_train import _batch_metrics
 
-    metrics = _batch_metrics(rows, dispatch)
+    metrics = _batch_metrics([row for row, is_last in zip(rows, last, strict=True) if is_last], dispatch)
+    metrics["harness/rows"] = float(len(rows))
     trajectories = [r.trajectory for r in results if isinstance(r.trajectory, HarnessTrajectory)]
     if trajectories:
         metrics["harness/samples_per_episode/mean"] = statistics.fmean(len(t.samples) for t in trajectories)

@@ -45,6 +45,7 @@ __all__ = [
     "stop_reason",
     "trajectory_tokens",
     "treat",
+    "treat_steps",
 ]
 
 FAILURE_STOP_REASONS = frozenset({"env_error", "engine_error", "timeout"})
@@ -200,3 +201,15 @@ def treat(row: TokenRow, result: EpisodeResult) -> str:
         return _FAILURE_OF.get(result.outcome, "env_error")
     row.place_reward(result.reward if result.treatment is Treatment.TRAIN else 0.0)
     return stop_reason(result)
+
+
+def treat_steps(rows: Sequence[TokenRow], result: EpisodeResult) -> str:
+    """:func:`treat` for an episode of several step-wise rows: the reward on the last, a mask on all when it failed.
+
+    Returns the episode's stop reason (every one of its rows has it).
+    """
+    reason = treat(rows[-1], result)
+    if result.treatment in (Treatment.MASK, Treatment.DROP_GROUP):
+        for row in rows[:-1]:
+            row.mask_all()
+    return reason

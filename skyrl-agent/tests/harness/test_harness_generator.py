@@ -16,23 +16,27 @@ import pytest
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (the skyrl-agent[mini-swe-agent] extra)")
 pytest.importorskip("skyrl_train.gateway", reason="the gateway lives in skyrl-train, which is not installed")
 
+from skyrl_agent.harness.base import Harness, HarnessJob, HarnessResult
 from skyrl_agent.harness.mini_swe_agent import MiniSWEAgent
 from skyrl_agent.integrations.harness import HarnessGenerator
 from skyrl_agent.integrations.skyrl_train import AgentGeneratorConfig
 from skyrl_agent.tasks import load_suite
 from skyrl_agent.tasks.process_backend import ProcessBackend
+from skyrl_train.experience import to_experience
 from skyrl_train.generators.base import GeneratorInput
 from skyrl_train.generators.chat import ChatEncoder
 from skyrl_train.inference.base import SamplingParams as EngineParams
 
 
-def _run(tokenizer: Any, oracle: Any, max_turns: int, samples: int = 2) -> tuple[Any, Any]:
+def _run(
+    tokenizer: Any, oracle: Any, max_turns: int, samples: int = 2, harness: Harness | None = None
+) -> tuple[Any, Any]:
     tasks = load_suite()[:2]
     engine = oracle(tokenizer, tasks)
     config = AgentGeneratorConfig(max_turns=max_turns, max_input_length=1 << 16)
     generator = HarnessGenerator(
-        ProcessBackend(), ChatEncoder(tokenizer), engine=engine, tokenizer=tokenizer, harness=MiniSWEAgent(),
-        config=config,
+        ProcessBackend(), ChatEncoder(tokenizer), engine=engine, tokenizer=tokenizer,
+        harness=harness or MiniSWEAgent(), config=config,
     )  # fmt: skip
     rows = [(task, k) for task in tasks for k in range(samples)]
     batch = GeneratorInput(
@@ -123,3 +127,46 @@ def test_rows_carry_the_policy_version_of_each_sampled_token(tokenizer: Any, rec
 def test_rows_carry_no_versions_when_the_engine_reports_none(tokenizer: Any, recording_oracle: Any) -> None:
     output, _ = _run(tokenizer, recording_oracle, max_turns=5, samples=1)
     assert output.policy_versions is None
+
+
+class SummarisingHarness:
+    """An OpenAI-client harness that rewrites its context: its second call restates the task with a summary of the
+    first reply instead of extending the conversation, so the gateway records two samples of one episode."""
+
+    name = "summarising"
+
+    def __call__(self, job: HarnessJob) -> HarnessResult:
+        from openai import OpenAI
+
+        client = OpenAI(base_url=job.endpoint.base_url, api_key=job.endpoint.api_key)
+        task = {"role": "user", "content": job.problem_statement}
+        first = client.chat.completions.create(model=job.endpoint.model, messages=[task])
+        action = first.choices[0].message.content or ""
+        command = action.split("```mswea_bash_command\n", 1)[1].rsplit("```", 1)[0]
+        job.shell.run(command)  # the oracle's first reply applies the gold patch
+        summary = {"role": "user", "content": f"{job.problem_statement}\n\nSo far:\n{action}"}
+        client.chat.completions.create(model=job.endpoint.model, messages=[summary])
+        return HarnessResult("Submitted", model_calls=2, submitted=True)
+
+
+def test_a_session_that_rewrote_its_context_trains_every_sample_as_a_step_row(
+    tokenizer: Any, recording_oracle: Any
+) -> None:
+    pytest.importorskip("openai", reason="the openai SDK is not installed (the dev group)")
+    output, engine = _run(tokenizer, recording_oracle, max_turns=5, harness=SummarisingHarness())
+    assert len(output) == 8  # four episodes of two samples each
+    assert output.is_last_step == [False, True] * 4
+    assert output.trajectory_ids[::2] == output.trajectory_ids[1::2]  # a trajectory's rows are consecutive
+    segments = [_segments(ids, m) for ids, m in zip(output.response_ids, output.loss_masks, strict=True)]
+    assert all(len(row) == 1 for row in segments)  # each sample: one call's reply, trained
+    assert sorted(tuple(row[0]) for row in segments) == sorted(map(tuple, engine.outputs))  # bitwise the engine's
+    for k, (rewards, reason) in enumerate(zip(output.rewards, output.stop_reasons, strict=True)):
+        assert sum(rewards) == (1.0 if output.is_last_step[k] else 0.0)  # the episode's reward, on its last row
+        assert reason == "stop"
+    assert output.trajectory_rewards() == [1.0] * 4
+    experience = to_experience(output, pad_token_id=0)  # what the trainer makes of it
+    assert experience.trajectory_end.tolist() == [1, 1, 3, 3, 5, 5, 7, 7]
+    assert experience.counted.tolist() == [False, True] * 4
+    assert output.metrics["harness/samples_per_episode/mean"] == 2.0
+    assert output.metrics["harness/rows"] == 8.0
+    assert output.metrics["generate/num_trajectories"] == 4.0

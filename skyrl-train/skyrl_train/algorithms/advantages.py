@@ -240,6 +240,22 @@ def estimate_advantages(
     return advantages, returns
 
 
+def broadcast_from_last_steps(
+    token_values: torch.Tensor, response_mask: torch.Tensor, trajectory_end: torch.Tensor
+) -> torch.Tensor:
+    """Step-wise rows: each row takes its trajectory's last row's value, spread over its own trained tokens.
+
+    The last row's value is its mean over its trained tokens (outcome estimators give every token of a row the
+    same value). A last row with no trained token gives its trajectory 0.
+
+    Shapes: ``[B, T]`` float values and 0/1 mask, ``[B]`` int64 ``trajectory_end`` (the row ending each row's
+    trajectory, ``Experience.trajectory_end``) → ``[B, T]`` float32.
+    """
+    mask = response_mask.float()
+    per_row = (token_values.float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_row[trajectory_end.to(per_row.device)].unsqueeze(-1) * mask
+
+
 def _outcome_scores(
     token_level_rewards: torch.Tensor, group_index: torch.Tensor | None, name: str
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -63,7 +63,7 @@ class BackendConfig:
     device: str = "cpu"  # torch device of the model, e.g. "cpu", "cuda", "cuda:1"
     dtype: DTypeName = "float32"  # dtype of the parameters (and of the optimizer's view of them)
     attn_implementation: str | None = None  # "sdpa", "eager", "flash_attention_2"; None: transformers' default
-    micro_train_batch_size: int = 1  # rows per micro-batch in forward_backward; must divide the batch
+    micro_train_batch_size: int = 1  # rows per micro-batch in forward_backward (the last one may be smaller)
     micro_forward_batch_size: int = 1  # rows per micro-batch in forward (the last one may be smaller)
     max_tokens_per_microbatch: int = -1  # > 0: cut micro-batches by token budget instead of row count
     remove_padding: bool = True  # pack each micro-batch's real tokens into one row (no compute on padding)

@@ -178,18 +178,11 @@ class TorchBackend:
 
         Returns the loss function's metrics combined over micro-batches as ``LossFn`` says (``*_loss`` shares
         summed, the rest weighted by ``response_mask`` tokens), and ``loss``: the sum of the micro-batch losses
-        (they are pre-scaled, so the sum is the batch loss).
-
-        Raises:
-            ValueError: the batch is not a multiple of ``micro_train_batch_size`` (without a token budget).
+        (they are pre-scaled, so the sum is the batch loss). The last micro-batch may be short: pre-scaled losses
+        do not depend on how the rows are cut (a batch of step-wise rows has any number of rows).
         """
         _check_call(batch, temperature)
         size = self.config.micro_train_batch_size
-        if self.config.max_tokens_per_microbatch <= 0 and len(batch) % size:
-            raise ValueError(
-                f"batch of {len(batch)} rows is not divisible by micro_train_batch_size={size}: "
-                "pad the batch or choose a micro-batch size that divides it"
-            )
         self.model.train()
         total_loss, weighted = 0.0, []
         for rows in self._micro_slices(batch, size):

@@ -9,6 +9,12 @@ token-level: each turn's reward sits on that turn's last generated token, zeros 
 has the engine's log-probability for generated tokens and ``0.0`` for observation tokens; ``policy_versions``, when
 the engine reports them, the policy version of each generated token (turns of one trajectory may differ when
 weights change between them) and ``-1`` for observation tokens.
+
+Step-wise samples. A trajectory that cannot be one token row (an agent that rewrote its context, so a later prompt
+does not extend the earlier ones) may be several rows: ``is_last_step`` then flags each row, a trajectory's rows
+are consecutive and share its trajectory id, and only its last row is flagged. The last row holds the trajectory's
+reward; the trainer computes advantages over last rows only (a group's statistics count trajectories, not rows)
+and gives every row of a trajectory its last row's advantage.
 """
 
 from __future__ import annotations
@@ -62,14 +68,27 @@ class GeneratorOutput:
     # Per response token, the policy version that generated it (-1 on observation tokens); None when the engine
     # does not report versions (see skyrl_train.inference.versioned).
     policy_versions: list[list[int]] | None = None
+    # Per row, whether it ends its trajectory (see "Step-wise samples" above); None: every row is a whole trajectory.
+    is_last_step: list[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
 
+    def last_steps(self) -> list[bool]:
+        """Per row, whether it ends its trajectory (all True without step-wise samples)."""
+        return list(self.is_last_step) if self.is_last_step is not None else [True] * len(self)
+
+    def trajectory_rewards(self) -> list[float]:
+        """Each trajectory's reward (the summed token rewards of its last row), in input order."""
+        return [sum(r) for r, last in zip(self.rewards, self.last_steps(), strict=True) if last]
+
 
 @runtime_checkable
 class Generator(Protocol):
-    """Anything that turns a :class:`GeneratorInput` into a :class:`GeneratorOutput` of the same length."""
+    """Anything that turns a :class:`GeneratorInput` into a :class:`GeneratorOutput` of its trajectories, in order.
+
+    One row per input trajectory, or with step-wise samples one or more (see the module docstring).
+    """
 
     async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
         """Roll out every trajectory of ``batch``; never raises for one trajectory's failure."""
