@@ -73,7 +73,7 @@ class SWEPipeline:
         """A fresh sandbox for the episode's task."""
         task = _task(episode)
         with span_on(self.spans, "sandbox", "start"):
-            return await self.backend.create(self._spec(task, {TASK_LABEL: task.id}))
+            return await self.backend.create(self._agent_spec(task))
 
     async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Trajectory:
         """Run the agent on the borrowed sandbox; the env returns the diff on submit without grading it."""
@@ -104,6 +104,10 @@ class SWEPipeline:
         """Close the sandbox."""
         with span_on(self.spans, "sandbox", "close"):
             await sandbox.close()
+
+    def _agent_spec(self, task: SWETask) -> SandboxSpec:
+        """The spec of the sandbox the agent works in."""
+        return self._spec(task, {TASK_LABEL: task.id})
 
     def _spec(self, task: SWETask, labels: Mapping[str, str]) -> SandboxSpec:
         labels = {**self.spec.labels, **self.labels, **labels}

@@ -255,14 +255,17 @@ async def _run_harness(
 ) -> DispatchResult:
     """The episodes played by ``options.harness`` against the model ``options.model`` serves it."""
     from skyrl_agent.harness.pipeline import HarnessPipeline
+    from skyrl_agent.harness.routing import sandbox_route
     from skyrl_agent.integrations.serving import make_harness, serving
     from skyrl_agent.llm.scripted import null_policy
 
     harness = make_harness(str(options.harness))
-    async with serving(options.model, tasks, options.served_model) as served:
+    route = await sandbox_route(base.backend, harness)  # a command-line harness in a container needs one
+    host = route.address if route is not None else "127.0.0.1"
+    async with serving(options.model, tasks, options.served_model, host=host) as served:
         pipeline = HarnessPipeline(
             base.backend, base.agent, labels=base.labels, on_finished=base.on_finished, harness=harness,
-            server=served.server, endpoint=served.endpoint,
+            server=served.server, endpoint=served.endpoint, route=route,
         )  # fmt: skip
         return await pipeline.dispatcher(null_policy(), config).run(episodes)
 

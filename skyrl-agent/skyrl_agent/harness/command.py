@@ -8,8 +8,8 @@ its work does not decide the reward) and reported as its exit status. Running pa
 truncated (``TimeExceeded``, not graded), like mini-swe-agent's own time limit. Only the episode deadline bounds
 it, not the per-command one: the command is the whole harness.
 
-The sandbox must reach the endpoint: the process backend runs on the host and does; a Docker sandbox needs
-``SandboxSpec.network`` and a gateway listening on an address the container can reach (not ``127.0.0.1``).
+The sandbox must reach the endpoint: the process backend runs on the host and does; a Docker sandbox joins the
+backend's host-only network, on which the gateway listens (:mod:`skyrl_agent.harness.routing`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from skyrl_agent.harness.base import HarnessJob, HarnessResult
 
@@ -34,6 +34,8 @@ class CommandHarness:
         env: More environment variables for it.
         name: The harness's name in results and messages.
     """
+
+    runs_in_sandbox: ClassVar[bool] = True  # its process is in the sandbox: it needs a route to the host
 
     argv: Sequence[str]
     timeout_s: float = 3600.0

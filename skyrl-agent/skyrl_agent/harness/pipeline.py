@@ -2,7 +2,7 @@
 
 ::
 
-    acquire    a sandbox for the task (as SWEPipeline)
+    acquire    a sandbox for the task (as SWEPipeline; on ``route``'s network for a harness that runs inside it)
     run_agent  prepare the workspace; open a session on the recording server (or use the plain endpoint);
                run the harness in its own thread until it returns or the episode deadline passes;
                close the session (its recorded samples) and take the workspace diff as the submission
@@ -28,16 +28,17 @@ import re
 import threading
 import uuid
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from skyrl_agent.dispatch import Episode, RunContext
 from skyrl_agent.dispatch.clock import DeadlineExceeded, within
 from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.harness.base import Endpoint, Harness, HarnessJob, HarnessResult, SandboxShell, SessionServer
+from skyrl_agent.harness.routing import routed_url
 from skyrl_agent.llm.base import LLMClient, LLMError
 from skyrl_agent.pipeline import SWEPipeline, _task
-from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxError
+from skyrl_agent.sandbox.base import CommandResult, HostRoute, Sandbox, SandboxError, SandboxSpec
 from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 from skyrl_agent.spans import span_on
 from skyrl_agent.tasks.format import SWETask
@@ -95,12 +96,15 @@ class HarnessPipeline(SWEPipeline):
         server: The recording server each episode gets a session on; or ``endpoint``.
         endpoint: A plain OpenAI-compatible server (nothing recorded), when ``server`` is None.
         command_timeout_s: A sandbox command's limit when the harness sets none.
+        route: For a harness that runs inside its sandbox: the network its sandbox joins and the host's address
+            there, which replaces a loopback host in its endpoint (``skyrl_agent.harness.routing``).
     """
 
     harness: Harness | None = None
     server: SessionServer | None = None
     endpoint: Endpoint | None = None
     command_timeout_s: float = 60.0
+    route: HostRoute | None = None
 
     def __post_init__(self) -> None:
         if self.harness is None:
@@ -135,6 +139,8 @@ class HarnessPipeline(SWEPipeline):
             shell.close()
             if session_id is not None and self.server is not None:
                 samples = self.server.close_session(session_id)
+        if not result.model_calls:  # a harness that does not count its calls (a command line): the session did
+            result.model_calls = sum(len(getattr(sample, "turns", ())) for sample in samples)
         submission = "" if result.exit_status == SANDBOX_BROKEN else await self._diff(sandbox, task, base_commit)
         trajectory = HarnessTrajectory(result, submission, samples, session_id, shell.commands)
         if trajectory.truncated:
@@ -145,13 +151,17 @@ class HarnessPipeline(SWEPipeline):
         assert self.harness is not None  # checked in __post_init__
         return self.harness
 
+    def _agent_spec(self, task: SWETask) -> SandboxSpec:
+        spec = super()._agent_spec(task)
+        return spec if self.route is None else replace(spec, network_name=self.route.network)
+
     def _endpoint(self, episode: Episode) -> tuple[str | None, Endpoint]:
         if self.server is None:
             assert self.endpoint is not None  # checked in __post_init__
-            return None, self.endpoint
+            return None, replace(self.endpoint, base_url=routed_url(self.endpoint.base_url, self.route))
         session_id = session_id_for(episode)
         ticket = self.server.open_session(session_id)
-        return session_id, Endpoint(ticket.base_url, ticket.api_key, self.server.model)
+        return session_id, Endpoint(routed_url(ticket.base_url, self.route), ticket.api_key, self.server.model)
 
     def _guard(self, ctx: RunContext) -> Any:
         async def guarded(command: Awaitable[CommandResult]) -> CommandResult:

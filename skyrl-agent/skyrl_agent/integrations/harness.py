@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, cast
 from skyrl_agent.dispatch import EpisodeResult
 from skyrl_agent.harness.base import Harness, SessionTicket
 from skyrl_agent.harness.pipeline import HarnessPipeline, HarnessTrajectory
+from skyrl_agent.harness.routing import sandbox_route
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorConfig, _Row
 from skyrl_agent.integrations.tokens import ChatTemplate, TokenRow, treat_steps
 from skyrl_agent.llm.scripted import null_policy
-from skyrl_agent.sandbox.base import SandboxBackend
+from skyrl_agent.sandbox.base import HostRoute, SandboxBackend
 from skyrl_agent.tasks.format import SWETask
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ class HarnessGenerator(AgentGenerator):
         self.tokenizer, self.harness, self.model_name = tokenizer, harness, model_name
         self.command_timeout_s = command_timeout_s
         self.gateway: Gateway | None = None
+        self.route: HostRoute | None = None  # set with the gateway: how a harness inside its sandbox reaches it
 
     async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
         """Run one harness episode per row of ``batch``; its rows in input order (step-wise when a session split)."""
@@ -134,7 +136,9 @@ class HarnessGenerator(AgentGenerator):
 
             engine = self._inner_engine
             assert engine is not None  # an engine is required by __init__
+            self.route = await sandbox_route(self.backend, self.harness)
             config = GatewayConfig(
+                host=self.route.address if self.route is not None else "127.0.0.1",
                 model_name=self.model_name,
                 max_model_len=self.config.max_input_length,
                 default_max_tokens=batch.sampling_params.max_tokens,
@@ -154,6 +158,7 @@ class HarnessGenerator(AgentGenerator):
             harness=self.harness,
             server=sessions,
             command_timeout_s=self.command_timeout_s,
+            route=self.route,
         )
 
     def _harness_rows(self, result: EpisodeResult, pipeline: HarnessPipeline) -> list[tuple[_Row, Sample | None]]:

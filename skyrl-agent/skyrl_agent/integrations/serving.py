@@ -65,8 +65,13 @@ def check_model(model: str) -> None:
 
 
 @asynccontextmanager
-async def serving(model: str, tasks: Sequence[SWETask], served_model: str) -> AsyncIterator[Serving]:
-    """The model the harness talks to for the run's length (see the module docstring)."""
+async def serving(
+    model: str, tasks: Sequence[SWETask], served_model: str, *, host: str = "127.0.0.1"
+) -> AsyncIterator[Serving]:
+    """The model the harness talks to for the run's length (see the module docstring).
+
+    ``host``: the address the gateway listens on (a host route's, for harnesses inside containers).
+    """
     check_model(model)
     if model != "scripted:oracle":
         key = os.environ.get("OPENAI_API_KEY", "none")
@@ -84,6 +89,6 @@ async def serving(model: str, tasks: Sequence[SWETask], served_model: str) -> As
     tokenizer = build_tokenizer()
     tokenizer.model_max_length = ORACLE_CONTEXT
     engine = OracleEngine(tokenizer, tasks)
-    config = GatewayConfig(model_name=served_model, max_model_len=ORACLE_CONTEXT)
+    config = GatewayConfig(host=host, model_name=served_model, max_model_len=ORACLE_CONTEXT)
     async with Gateway(engine, tokenizer, config) as gateway:
         yield Serving(server=GatewaySessions(gateway))

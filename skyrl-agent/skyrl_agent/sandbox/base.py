@@ -48,8 +48,19 @@ class SandboxSpec:
     cpus: float = 1.0
     pids_limit: int = 256  # processes at most (fork bombs stop here)
     network: bool = False  # no network unless asked for
+    # Join this named network instead (Docker: e.g. the host-only network of DockerBackend.host_route, which reaches
+    # a server on the host and nothing else); None: ``network`` decides.
+    network_name: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # e.g. run and episode ids, for the reaper
+
+
+@dataclass(frozen=True)
+class HostRoute:
+    """How a sandbox reaches a server on the host: join ``network``; the host is ``address`` there."""
+
+    network: str
+    address: str  # listen on this address (and give sandboxes URLs with it) so that they reach the server
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from skyrl_agent.sandbox import reaper
 from skyrl_agent.sandbox.attach import INIT_SCRIPT, AttachedChannel, runner_argv_input
 from skyrl_agent.sandbox.base import (
     CommandResult,
+    HostRoute,
     SandboxClosedError,
     SandboxError,
     SandboxSpec,
@@ -58,6 +59,7 @@ STATE_PATH = "/tmp/.skyrl-shell-state"
 REMOVE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)  # waits between force-removal attempts of a container or image
 LOG_MAX_SIZE = "16m"  # a container's json-file log: bytes per file (docker units), so a flood cannot fill the disk
 LOG_MAX_FILES = 2  # ...and files kept (the current one and one rotated)
+HOST_ONLY_NETWORK = "skyrl-host-only"  # an internal network: its containers reach the host's address on it, no further
 
 log = logging.getLogger(__name__)
 
@@ -457,6 +459,20 @@ class DockerBackend:
             nearest = min((sandbox.expires_at for sandbox in self._open.values()), default=now + 1.0)
             await asyncio.sleep(min(max(nearest - time.monotonic(), 0.05), 5.0))
 
+    async def host_route(self) -> HostRoute:
+        """The host-only network (made on first use, then shared): a sandbox in it reaches the host, nothing else.
+
+        Docker makes an ``internal`` network a bridge with no route out; the host holds the bridge's gateway
+        address, so a server listening there (a model gateway) is the one thing its containers can reach.
+        """
+        client = await self._connect()
+        try:
+            return await asyncio.to_thread(_host_only_network, client)
+        except _UNREACHABLE as exc:
+            raise SandboxUnavailableError(f"the Docker daemon stopped answering: {exc}") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxStartError(f"could not create the host-only network {HOST_ONLY_NETWORK!r}: {exc}") from exc
+
     async def _connect(self) -> Any:
         """The client, with the lease held (both made on first use; the lease again after ``close``)."""
         async with self._connecting:
@@ -491,7 +507,7 @@ class DockerBackend:
                 working_dir=spec.workdir,
                 environment=spec.env,
                 labels=labels,
-                network_mode="bridge" if spec.network else "none",
+                network_mode=spec.network_name or ("bridge" if spec.network else "none"),
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",  # no swap: the limit is the limit
                 nano_cpus=int(spec.cpus * 1e9),
@@ -717,3 +733,28 @@ def list_leases(client: Any, run_id: str | None) -> list[reaper.LeaseRecord]:
 def daemon_time_s(client: Any) -> float:
     """The daemon's clock in seconds since the epoch (leases are timed by it, whatever the caller's clock says)."""
     return datetime.fromisoformat(client.info()["SystemTime"]).timestamp()
+
+
+def _host_only_network(client: Any) -> HostRoute:
+    """Find or create :data:`HOST_ONLY_NETWORK`; its name and the host's address on it."""
+
+    def exact() -> list[Any]:  # the name filter also matches longer names
+        return [n for n in client.networks.list(names=[HOST_ONLY_NETWORK]) if n.name == HOST_ONLY_NETWORK]
+
+    found = exact()
+    if not found:
+        try:
+            client.networks.create(
+                HOST_ONLY_NETWORK, driver="bridge", internal=True, check_duplicate=True, labels={"skyrl.managed": "1"}
+            )
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: another backend made it meanwhile
+                raise
+        found = exact()
+    network = found[0]
+    network.reload()
+    configs = network.attrs.get("IPAM", {}).get("Config") or []
+    gateways = [config["Gateway"] for config in configs if config.get("Gateway")]
+    if not gateways:
+        raise SandboxStartError(f"the Docker network {HOST_ONLY_NETWORK!r} has no gateway address: remove it")
+    return HostRoute(HOST_ONLY_NETWORK, gateways[0])

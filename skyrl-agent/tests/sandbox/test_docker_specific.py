@@ -57,6 +57,31 @@ def test_containers_are_labelled_and_hardened() -> None:
 
 
 @pytest.mark.docker
+def test_the_host_route_is_an_internal_network_that_reaches_the_host() -> None:
+    async def main() -> None:
+        backend = DockerBackend(run_id="skyrl-test-route")
+        try:
+            route = await backend.host_route()
+            assert await backend.host_route() == route  # made once, then shared
+            network = backend._client.networks.get(route.network)
+            assert network.attrs["Internal"] is True  # no route out of the host
+            listener = await asyncio.start_server(lambda r, w: w.close(), route.address, 0)
+            port = listener.sockets[0].getsockname()[1]
+            sb = await backend.create(SandboxSpec(network_name=route.network))
+            host = f"python3 -c 'import socket; socket.create_connection((\"{route.address}\", {port}), 5)'"
+            assert (await sb.run(host)).exit_code == 0  # the host's listener on the route's address
+            outside = "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 3)'"
+            assert (await sb.run(outside)).exit_code != 0  # nothing beyond it
+            sb.container.reload()
+            assert sb.container.attrs["HostConfig"]["NetworkMode"] == route.network
+            listener.close()
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.docker
 @pytest.mark.slow
 def test_warm_pool_acquire_is_fast_and_refills() -> None:
     async def main() -> None:
