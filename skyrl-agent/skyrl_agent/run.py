@@ -228,10 +228,11 @@ async def run_tasks(
     n = max(1, options.concurrency)
     config = DispatcherConfig(limits=StageLimits(acquire=n, run=n, grade=n, prefetch=n))
     start = time.monotonic()
+    harness_llm_s: float | None = None
     if options.harness is None:
         dispatched = await pipeline.dispatcher(make_llm(options.model, options.served_model), config).run(episodes)
     else:
-        dispatched = await _run_harness(tasks, episodes, pipeline, options, config)
+        dispatched, harness_llm_s = await _run_harness(tasks, episodes, pipeline, options, config)
     wall_s = time.monotonic() - start
     for result in dispatched.results:
         if result.episode.id not in progress.finished:
@@ -241,7 +242,7 @@ async def run_tasks(
     summary["model"], summary["run_id"] = options.model, options.run_id
     summary["harness"] = options.harness or "react"
     if options.harness is not None:
-        summary["llm_s"] = None  # the harness's model calls are its own HTTP requests: no span times them
+        summary["llm_s"] = harness_llm_s  # what the gateway's engine took; None: a plain server, untimed
     options.out.mkdir(parents=True, exist_ok=True)
     with (options.out / "trajectories.jsonl").open("w") as fh:
         for result in dispatched.results:
@@ -252,8 +253,11 @@ async def run_tasks(
 
 async def _run_harness(
     tasks: Sequence[SWETask], episodes: list[Episode], base: SWEPipeline, options: RunOptions, config: DispatcherConfig
-) -> DispatchResult:
-    """The episodes played by ``options.harness`` against the model ``options.model`` serves it."""
+) -> tuple[DispatchResult, float | None]:
+    """The episodes played by ``options.harness`` against ``options.model``, and the seconds its model calls took.
+
+    The seconds are None when a plain server answered the calls: they are the harness's own requests.
+    """
     from skyrl_agent.harness.pipeline import HarnessPipeline
     from skyrl_agent.harness.routing import sandbox_route
     from skyrl_agent.integrations.serving import make_harness, serving
@@ -267,7 +271,8 @@ async def _run_harness(
             base.backend, base.agent, labels=base.labels, on_finished=base.on_finished, harness=harness,
             server=served.server, endpoint=served.endpoint, route=route,
         )  # fmt: skip
-        return await pipeline.dispatcher(null_policy(), config).run(episodes)
+        dispatched = await pipeline.dispatcher(null_policy(), config).run(episodes)
+        return dispatched, served.llm_s() if served.llm_s is not None else None
 
 
 def per_task(results: Sequence[EpisodeResult]) -> dict[str, tuple[int, int]]:

@@ -143,7 +143,7 @@ class HarnessGenerator(AgentGenerator):
                 max_model_len=self.config.max_input_length,
                 default_max_tokens=batch.sampling_params.max_tokens,
             )
-            self.gateway = Gateway(engine, self.tokenizer, config)
+            self.gateway = Gateway(engine, self.tokenizer, config, spans=self.timeline)  # engine calls on the timeline
             await self.gateway.start()
         return self.gateway
 

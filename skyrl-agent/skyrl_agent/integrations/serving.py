@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -25,10 +25,15 @@ ORACLE_CONTEXT = 1 << 20  # the oracle has no context limit; the gateway's must 
 
 @dataclass(frozen=True)
 class Serving:
-    """The harness's model: a recording ``server`` (one session per episode) or a plain ``endpoint``."""
+    """The harness's model: a recording ``server`` (one session per episode) or a plain ``endpoint``.
+
+    ``llm_s`` says how many seconds the model's calls took so far (summed); None for a plain endpoint, whose calls
+    are the harness's own HTTP requests.
+    """
 
     server: SessionServer | None = None
     endpoint: Endpoint | None = None
+    llm_s: Callable[[], float] | None = None
 
 
 def make_harness(name: str) -> Harness:
@@ -91,4 +96,4 @@ async def serving(
     engine = OracleEngine(tokenizer, tasks)
     config = GatewayConfig(host=host, model_name=served_model, max_model_len=ORACLE_CONTEXT)
     async with Gateway(engine, tokenizer, config) as gateway:
-        yield Serving(server=GatewaySessions(gateway))
+        yield Serving(server=GatewaySessions(gateway), llm_s=lambda: gateway.stats.engine_s)

@@ -32,8 +32,9 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -111,6 +112,16 @@ class GatewayStats:
     errors: int = 0  # answered with an OpenAI error
     sessions_opened: int = 0
     sessions_closed: int = 0
+    engine_calls: int = 0  # engine.generate calls made (one per request, whatever its n)
+    engine_s: float = 0.0  # seconds those calls took, summed (calls in flight together each count in full)
+
+
+class SpanRecorder(Protocol):
+    """Where the gateway records each engine call (``skyrl_train.timeline.Timeline`` is one)."""
+
+    def span(self, lane: str, name: str) -> AbstractContextManager[None]:
+        """A context manager that records its block as a span on ``lane``."""
+        ...
 
 
 @dataclass
@@ -129,6 +140,7 @@ class Gateway:
         tokenizer: The policy's tokenizer; its chat template renders chat requests.
         config: Server settings.
         tool_parser: Reads tool calls from reply text (Hermes/Qwen ``<tool_call>`` blocks by default).
+        spans: Records each engine call as a ``generate`` span on the ``engine`` lane (a run's timeline).
 
     Use ``async with Gateway(engine, tokenizer) as gateway:`` (or :meth:`start` / :meth:`stop`), then
     :meth:`open_session` per episode and :meth:`close_session` for its samples.
@@ -141,8 +153,10 @@ class Gateway:
         config: GatewayConfig | None = None,
         *,
         tool_parser: ToolParser = parse_hermes_tool_calls,
+        spans: SpanRecorder | None = None,
     ) -> None:
         self.engine = engine
+        self.spans = spans
         self.config = config or GatewayConfig()
         self.renderer = Renderer(tokenizer, tool_parser)
         self.max_model_len = _context_limit(self.config, engine, tokenizer)
@@ -368,8 +382,10 @@ class Gateway:
         """The engine's outputs, waiting as long as it takes (a paused engine holds the call)."""
         task = asyncio.ensure_future(self.engine.generate(prompts, params))
         live.tasks.add(task)
+        start = time.monotonic()
         try:
-            outputs = await task
+            with self.spans.span("engine", "generate") if self.spans is not None else contextlib.nullcontext():
+                outputs = await task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if task.cancelled() and live.session.closed and (current is None or not current.cancelling()):
@@ -383,6 +399,8 @@ class Gateway:
             raise EngineError(f"the inference engine failed: {type(exc).__name__}: {exc}") from exc
         finally:
             live.tasks.discard(task)
+            self.stats.engine_calls += 1
+            self.stats.engine_s += time.monotonic() - start
         if len(outputs) != len(prompts) or any(o.logprobs is None for o in outputs):
             raise EngineError("the inference engine returned too few outputs or no log-probabilities")
         return outputs

@@ -15,6 +15,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from skyrl_train.gateway import SessionHandle
+from skyrl_train.timeline import Timeline
 
 WEATHER = {
     "type": "function",
@@ -41,6 +42,7 @@ def test_multi_turn_chat_is_one_sample_with_the_engine_ids_bitwise(
 ) -> None:
     engine = make_engine(tokenizer, replies=["the answer is 4", "5 apples", "done"])
     served = serve(engine, tokenizer)
+    timeline = served.gateway.spans = Timeline()
     handle = served.gateway.open_session("episode-0")
     sdk = client(handle)
     messages: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
@@ -48,6 +50,10 @@ def test_multi_turn_chat_is_one_sample_with_the_engine_ids_bitwise(
         answer = sdk.chat.completions.create(model="policy", messages=messages)
         messages += [answer.choices[0].message.model_dump(), {"role": "user", "content": f"and {turn}?"}]
     assert answer.choices[0].message.content == "done"
+    # Each engine call is timed: on the run's timeline (its engine lane) and in the gateway's counters.
+    assert [(span.lane, span.name) for span in timeline.spans] == [("engine", "generate")] * 3
+    assert served.gateway.stats.engine_calls == 3
+    assert served.gateway.stats.engine_s == pytest.approx(sum(span.seconds for span in timeline.spans), abs=0.05)
     assert served.gateway.session("episode-0").counts.messages == 2
     [sample] = served.gateway.close_session("episode-0")
     check_recording(sample, engine)
