@@ -63,7 +63,7 @@ class GeneratorOutput:
     rollout_logprobs: list[list[float]] | None
     stop_reasons: list[TrajectoryStopReason]
     trajectory_ids: list[str]
-    env_metrics: list[dict[str, Any]] = field(default_factory=list)  # per trajectory, from env.get_metrics()
+    env_metrics: list[dict[str, Any]] = field(default_factory=list)  # per row, from env.get_metrics()
     metrics: dict[str, float] = field(default_factory=dict)  # batch-level rollout statistics
     # Per response token, the policy version that generated it (-1 on observation tokens); None when the engine
     # does not report versions (see skyrl_train.inference.versioned).
