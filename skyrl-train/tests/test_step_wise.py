@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-from tests.test_trainer import PROMPT_TOKEN, _prompts, _trainer
 
 from skyrl_train.algorithms import broadcast_from_last_steps
 from skyrl_train.backends import TrainingBatch
 from skyrl_train.experience import concat_experiences, select_rows, to_experience
 from skyrl_train.generators.base import GeneratorInput, GeneratorOutput
+
+from .test_trainer import PROMPT_TOKEN, _prompts, _trainer
 
 # Per trajectory id: the rewards of its rows (several rows: step-wise). p0's first trajectory took two samples.
 SPLIT = {"p0:0": [0.0, 1.0], "p0:1": [0.0], "p1:0": [1.0], "p1:1": [0.0, 0.0, 0.0]}
