@@ -63,7 +63,7 @@ class _Tally:
 
 def count_informative_groups(experience: Experience) -> int:
     """The number of prompt groups of ``experience`` whose rewards are not all equal."""
-    zero_variance = zero_variance_rows(experience.sequence_rewards, experience.group_index, valid=experience.counted)
+    zero_variance = zero_variance_rows(experience.trajectory_rewards, experience.group_index, valid=experience.counted)
     return int(torch.unique(experience.group_index[~zero_variance]).numel())
 
 
@@ -83,7 +83,7 @@ async def collect_informative_groups(
     while tally.batches < max_sample_batches:
         experience = await sample(tally.batches)
         tally.add(experience)
-        kept = filter_groups(experience.sequence_rewards, experience.group_index, missing, valid=experience.counted)
+        kept = filter_groups(experience.trajectory_rewards, experience.group_index, missing, valid=experience.counted)
         if len(kept.row_index):
             parts.append(select_rows(experience, kept.row_index, kept.group_index))
         missing = kept.num_groups_needed
@@ -116,7 +116,7 @@ async def replace_uninformative_groups(
         experience = await sample(tally.batches)
         tally.add(experience)
         result = replace_groups(
-            experience.sequence_rewards,
+            experience.trajectory_rewards,
             experience.group_index,
             min_replace_ratio,
             generator=generator,

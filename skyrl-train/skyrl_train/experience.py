@@ -65,8 +65,17 @@ class Experience:
 
     @property
     def sequence_rewards(self) -> torch.Tensor:
-        """``[B]`` float: each trajectory's summed token rewards."""
+        """``[B]`` float: each row's summed token rewards."""
         return self.batch.tensors["rewards"].sum(-1)
+
+    @property
+    def trajectory_rewards(self) -> torch.Tensor:
+        """``[B]`` float: the reward of each row's trajectory, summed over its rows (its one row without steps)."""
+        rewards = self.sequence_rewards
+        if not self.step_wise:
+            return rewards
+        end = self.trajectory_end
+        return torch.zeros_like(rewards).index_add(0, end, rewards)[end]
 
     @property
     def failed(self) -> torch.Tensor:

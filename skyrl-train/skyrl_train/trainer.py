@@ -65,6 +65,7 @@ from skyrl_train.algorithms import (
     broadcast_from_last_steps,
     estimate_advantages,
     explained_variance,
+    fold_into_last_steps,
     get_advantage_estimator,
     mask_zero_variance_groups,
     masked_mean,
@@ -456,10 +457,11 @@ class Trainer:
             metrics.update({f"reward/{k}": v for k, v in kl_metrics.items()})
         if experience.step_wise:
             self._check_step_wise()
+            rewards = fold_into_last_steps(rewards, batch.response_mask, experience.trajectory_end)
         counted = experience.counted  # surviving trajectories, once each (their last row)
         if self.settings.zero_variance_filter:
             batch.response_mask = mask_zero_variance_groups(
-                batch.response_mask, experience.sequence_rewards, experience.group_index, valid=counted
+                batch.response_mask, experience.trajectory_rewards, experience.group_index, valid=counted
             )
         advantages, returns = estimate_advantages(
             get_advantage_estimator(self.settings.advantage_estimator),

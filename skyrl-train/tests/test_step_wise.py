@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from skyrl_train.algorithms import broadcast_from_last_steps
+from skyrl_train.algorithms import broadcast_from_last_steps, fold_into_last_steps
 from skyrl_train.backends import TrainingBatch
 from skyrl_train.experience import concat_experiences, select_rows, to_experience
 from skyrl_train.generators.base import GeneratorInput, GeneratorOutput
@@ -99,6 +99,21 @@ def test_broadcast_gives_each_row_its_last_rows_value_on_its_own_tokens() -> Non
     assert out.tolist() == [[0.5, 0.5, 0.5], [0.5, 0.5, 0.0], [0.0, -1.0, -1.0]]
 
 
+def test_folding_moves_every_rows_rewards_onto_its_trajectorys_last_trained_token() -> None:
+    rewards = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 1.0], [0.0, -0.25, 0.0], [0.0, 0.0, 2.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    folded = fold_into_last_steps(rewards, mask, torch.tensor([1, 1, 3, 3]))
+    assert folded.tolist() == [
+        [0.0, 0.0, 0.0],
+        [0.0, 0.5, 1.0],
+        [0.0, 0.0, 0.0],
+        [0.0, 0.0, 1.75],
+    ]  # at index 1: its last trained token
+    output = _output({"p9:0": [0.5, 1.0], "p9:1": [0.0]})
+    assert output.trajectory_rewards() == [1.5, 0.0]
+    assert to_experience(output, pad_token_id=0).trajectory_rewards.tolist() == [1.5, 1.5, 0.0]
+
+
 def _trained_rows(trained: list[TrainingBatch]) -> dict[tuple[int, int, int], float]:
     """(prompt, sample, step) of every trained row → its advantage (constant over the row's tokens)."""
     rows = {}
@@ -130,6 +145,16 @@ def test_every_row_of_a_trajectory_trains_with_the_trajectorys_grpo_advantage(ti
         assert rows[key] == pytest.approx(value, abs=1e-4), key
     assert metrics["reward/mean"] == 0.5  # four trajectories, two rewarded: not 2 of 7 rows
     assert metrics["rollout/stop_stop"] == 1.0
+
+
+def test_a_reward_on_an_earlier_row_counts_for_the_trajectory(tiny_model_dir: Path) -> None:
+    # p0:0 earns its 1 on its first sample: the same trajectory reward, so the same advantages as SPLIT's.
+    metrics, rows = _step(tiny_model_dir, {**SPLIT, "p0:0": [1.0, 0.0]})
+    _, expected = _step(tiny_model_dir, SPLIT)
+    assert rows.keys() == expected.keys()
+    for key, value in expected.items():
+        assert rows[key] == pytest.approx(value, abs=1e-4), key
+    assert metrics["reward/mean"] == 0.5
 
 
 def test_a_group_whose_trajectories_agree_is_zero_variance_whatever_its_step_rows(tiny_model_dir: Path) -> None:

@@ -256,6 +256,29 @@ def broadcast_from_last_steps(
     return per_row[trajectory_end.to(per_row.device)].unsqueeze(-1) * mask
 
 
+def fold_into_last_steps(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, trajectory_end: torch.Tensor
+) -> torch.Tensor:
+    """Step-wise rows: every earlier row's rewards moved onto its trajectory's last row, at its last trained token.
+
+    The last row's sum is then the trajectory's reward (per-step rewards and every row's KL penalty included), which
+    is what an outcome estimator scores; the earlier rows are left with none.
+
+    Shapes: ``[B, T]`` float rewards and 0/1 mask, ``[B]`` int64 ``trajectory_end`` → ``[B, T]`` float32.
+    """
+    rewards = token_level_rewards.float()
+    end = trajectory_end.to(rewards.device)
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    earlier = rows != end
+    folded = rewards.clone()
+    folded[earlier] = 0.0
+    positions = torch.arange(rewards.shape[1], device=rewards.device).expand_as(rewards)
+    last_token = torch.where(response_mask.bool(), positions, -1).max(-1).values.clamp(min=0)
+    moved = torch.zeros_like(rewards[:, 0]).index_add(0, end[earlier], rewards[earlier].sum(-1))
+    folded[rows, last_token] += moved
+    return folded
+
+
 def _outcome_scores(
     token_level_rewards: torch.Tensor, group_index: torch.Tensor | None, name: str
 ) -> tuple[torch.Tensor, torch.Tensor]:

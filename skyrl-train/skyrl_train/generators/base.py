@@ -12,9 +12,9 @@ weights change between them) and ``-1`` for observation tokens.
 
 Step-wise samples. A trajectory that cannot be one token row (an agent that rewrote its context, so a later prompt
 does not extend the earlier ones) may be several rows: ``is_last_step`` then flags each row, a trajectory's rows
-are consecutive and share its trajectory id, and only its last row is flagged. The last row holds the trajectory's
-reward; the trainer computes advantages over last rows only (a group's statistics count trajectories, not rows)
-and gives every row of a trajectory its last row's advantage.
+are consecutive and share its trajectory id, and only its last row is flagged. A trajectory's reward is the sum of
+its rows' rewards (an outcome reward usually sits on the last row); the trainer scores each trajectory once, on its
+last row (a group's statistics count trajectories, not rows), and gives every row of it that row's advantage.
 """
 
 from __future__ import annotations
@@ -79,8 +79,14 @@ class GeneratorOutput:
         return list(self.is_last_step) if self.is_last_step is not None else [True] * len(self)
 
     def trajectory_rewards(self) -> list[float]:
-        """Each trajectory's reward (the summed token rewards of its last row), in input order."""
-        return [sum(r) for r, last in zip(self.rewards, self.last_steps(), strict=True) if last]
+        """Each trajectory's reward (its token rewards summed over all its rows), in input order."""
+        totals, running = [], 0.0
+        for rewards, last in zip(self.rewards, self.last_steps(), strict=True):
+            running += sum(rewards)
+            if last:
+                totals.append(running)
+                running = 0.0
+        return totals
 
 
 @runtime_checkable
