@@ -41,6 +41,8 @@ Derived values, filled by :func:`resolve` only (each field's comment says "deriv
 - ``trainer.ckpt_path`` ← ``{run_dir}/checkpoints``; ``trainer.export_path`` ← ``{run_dir}/exports``
 - ``off_policy.tis_ratio_type`` ← ``token`` when ``trainer.async_mode`` is not ``sync`` and none is chosen
 - ``trainer.max_inflight_groups`` ← ``trainer.train_batch_size``
+- ``trainer.device`` ``auto`` ← ``cuda`` when this process sees a GPU or fsdp ranks ask Ray for GPUs, else ``cpu``
+- ``trainer.num_gpus_per_worker`` ← 1 on ``cuda`` with ``trainer.backend=fsdp``, else 0
 
 Values for what is not built yet (several ``inference.remote_urls``) are kept, so configs written for them keep
 loading, but :func:`validate` rejects them until they are built. Removed keys
@@ -63,10 +65,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+import torch
+
 from skyrl_train.algorithms.filtering import DynamicSamplingType
 from skyrl_train.algorithms.kl import KLEstimatorName
 from skyrl_train.algorithms.off_policy import OffPolicyCorrectionConfig
 from skyrl_train.algorithms.reductions import LossReduction
+from skyrl_train.devices import resolve_device
 
 __all__ = [
     "REMOVED_KEYS",
@@ -143,7 +148,8 @@ class ModelConfig:
     path: str = ""  # local Hugging Face directory or hub id of the policy; required
     ref_path: str | None = None  # reference model for KL; derived: the policy's initial weights (model.path)
     critic_path: str | None = None  # value model (PPO critic); set it to model.path to start from the policy
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # parameter dtype; bfloat16 on GPUs
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # master weights and optimizer state
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # matmuls; auto: bfloat16 on GPUs, dtype on CPUs
     gradient_checkpointing: bool = True  # recompute activations in backward to save memory
     lora_rank: int = 0  # LoRA rank; 0 trains all weights
     lora_alpha: int = 16  # LoRA scaling numerator (scale = alpha / rank)
@@ -261,11 +267,14 @@ class TrainerConfig:
 
     seed: int = 42  # seeds python, numpy and torch at start, the engine, and each step's sampling seeds
     backend: Literal["torch", "fsdp"] = "torch"  # in-process torch model, or FSDP2 worker groups on Ray actors
+    # Where every model computes (policy, reference, critic, each FSDP rank on its own GPU, the local engine);
+    # derived: "auto" becomes cuda when this process sees a GPU (or fsdp ranks ask Ray for GPUs), else cpu
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     num_training_workers: int = 1  # fsdp: ranks of the policy group (and of ref/critic left at 0); torch: 1
     ref_num_workers: int = 0  # fsdp: ranks of the reference group; 0: trainer.num_training_workers
     critic_num_workers: int = 0  # fsdp: ranks of the critic group; 0: trainer.num_training_workers
     num_cpus_per_worker: float = 1.0  # fsdp: CPUs a Ray actor of a worker group asks for
-    num_gpus_per_worker: float = 0.0  # fsdp: GPUs a Ray actor asks for; > 0 makes the ranks talk over NCCL
+    num_gpus_per_worker: float | None = None  # fsdp: GPUs a Ray actor asks for; derived: 1 on cuda, else 0
     placement: Literal["colocate", "disaggregate"] = "disaggregate"  # Ray actors: share bundles, or own ones
     # "one_step_off": step k+1's rollouts run while step k trains (one policy version old, TIS-corrected);
     # "fully_async": groups generate without pause into a buffer, each step takes train_batch_size of them
@@ -280,6 +289,7 @@ class TrainerConfig:
     micro_forward_batch_size: int = 1  # ROWS per no-grad forward on one worker (old/ref logprobs)
     max_tokens_per_microbatch: int = -1  # > 0: cut micro-batches by this token budget instead of row counts
     remove_padding: bool = True  # pack each micro-batch's real tokens into one row (no compute on padding)
+    logprob_chunk_size: int = 4096  # response positions whose vocabulary logits exist at once; <= 0: all
     update_epochs_per_batch: int = 1  # passes over each training batch
     eval_interval: int = 5  # evaluate every N steps; <= 0 disables periodic evaluation
     eval_before_train: bool = True  # evaluate once before the first step
@@ -685,8 +695,19 @@ def resolve(config: Config) -> Config:
             export_path=_expand(trainer.export_path or os.path.join(run_dir, "exports")),
             resume_path=_expand(trainer.resume_path) if trainer.resume_path else None,
             max_inflight_groups=_default(trainer.max_inflight_groups, trainer.train_batch_size),
+            **_placed_on(trainer),
         ),
     )
+
+
+def _placed_on(trainer: TrainerConfig) -> dict[str, Any]:
+    """``trainer.device`` and ``trainer.num_gpus_per_worker``, derived together (see their comments)."""
+    reserved = trainer.backend == "fsdp" and (trainer.num_gpus_per_worker or 0) > 0
+    device = resolve_device(trainer.device, gpus_reserved=reserved)
+    gpus = trainer.num_gpus_per_worker
+    if gpus is None:
+        gpus = 1.0 if trainer.backend == "fsdp" and device == "cuda" else 0.0
+    return {"device": device, "num_gpus_per_worker": gpus}
 
 
 def _default(value: int | None, derived: int) -> int:
@@ -919,6 +940,7 @@ def _check_trainer(config: Config) -> list[str]:
     if t.max_ckpts_to_keep == 0 or t.max_ckpts_to_keep < -1:
         problems.append(f"trainer.max_ckpts_to_keep must be -1 (keep all) or >= 1, got {t.max_ckpts_to_keep}")
     problems += _check_workers(config)
+    problems += _check_device(t)
     problems += _check_async(config)
     if t.resume_mode == "from_path":
         problems += _check_resume_path(t.resume_path)
@@ -945,7 +967,7 @@ def _check_workers(config: Config) -> list[str]:
             )
         return problems
     problems += _positive({"trainer.num_training_workers": t.num_training_workers})
-    if t.num_cpus_per_worker < 0 or t.num_gpus_per_worker < 0:
+    if t.num_cpus_per_worker < 0 or (t.num_gpus_per_worker or 0) < 0:
         problems.append("trainer.num_cpus_per_worker and trainer.num_gpus_per_worker must be >= 0")
     if config.model.lora_rank > 0:
         problems.append("trainer.backend=fsdp trains full weights: set model.lora_rank=0, or trainer.backend=torch")
@@ -955,6 +977,27 @@ def _check_workers(config: Config) -> list[str]:
             "set trainer.max_tokens_per_microbatch=-1"
         )
     return problems
+
+
+def _check_device(t: TrainerConfig) -> list[str]:
+    """A run that asks for GPUs it cannot use fails here, before any model is loaded."""
+    gpus = t.num_gpus_per_worker or 0
+    if t.backend == "torch" and t.device == "cuda" and not torch.cuda.is_available():
+        return [
+            f"trainer.device=cuda but this process sees no GPU (torch {torch.__version__}, CUDA build: "
+            f"{torch.version.cuda or 'no'}): set trainer.device=cpu (or auto), or install a CUDA build of torch"
+        ]
+    if t.backend == "fsdp" and t.device == "cuda" and gpus <= 0:
+        return [
+            "trainer.device=cuda puts every FSDP rank on a GPU of its own, but trainer.num_gpus_per_worker=0 asks "
+            "Ray for none: set trainer.num_gpus_per_worker=1 (or leave it unset)"
+        ]
+    if t.backend == "fsdp" and t.device == "cpu" and gpus > 0:
+        return [
+            f"trainer.num_gpus_per_worker={gpus:g} reserves GPUs that ranks on trainer.device=cpu would not use: "
+            "set trainer.device=cuda (or auto), or trainer.num_gpus_per_worker=0"
+        ]
+    return []
 
 
 def _check_async(config: Config) -> list[str]:

@@ -284,7 +284,7 @@ class _Session:
         receiver: BroadcastReceiver
         receiver = built if isinstance(built, EngineGroup) else LocalReceiver(built)
         t = self.config.trainer
-        gpus = t.num_gpus_per_worker > 0 and engine.replicas > 1 and engine.gpus_per_replica > 0
+        gpus = t.device == "cuda" and engine.replicas > 1 and engine.gpus_per_replica > 0
         nccl = gpus and t.placement == "disaggregate"
         self.broadcast = BroadcastSync(policy, receiver, backend="nccl" if nccl else "gloo")
         return self.broadcast.push
@@ -407,8 +407,8 @@ class _Session:
         group = WorkerGroupConfig(
             num_workers=n,
             num_cpus_per_worker=t.num_cpus_per_worker,
-            num_gpus_per_worker=t.num_gpus_per_worker,
-            dist_backend="nccl" if t.num_gpus_per_worker > 0 else "gloo",
+            num_gpus_per_worker=t.num_gpus_per_worker or 0.0,
+            dist_backend="nccl" if t.device == "cuda" else "gloo",
         )
         options = self._actor_options(role, n)
         # A reference is a policy model that only runs forward passes.
@@ -605,7 +605,7 @@ def training_actors(trainer: TrainerConfig, models: Sequence[WorkerGroupRole]) -
     """The placement roles of ``models``' worker groups, each with its own rank count, and their cluster-check row."""
     from skyrl_train.ray_cluster import ActorDemand, RoleSpec
 
-    cpus, gpus = trainer.num_cpus_per_worker, trainer.num_gpus_per_worker
+    cpus, gpus = trainer.num_cpus_per_worker, trainer.num_gpus_per_worker or 0.0
     roles = [RoleSpec(model, worker_group_size(trainer, model), cpus, gpus) for model in models]
     total = sum(role.count for role in roles)
     what = f"{total} training workers ({', '.join(f'{role.name} {role.count}' for role in roles)})"

@@ -130,7 +130,7 @@ def optimizer_steps(config: Config, total_steps: int) -> int:
 def backend_config(
     config: Config, *, path: str | None = None, trainable: bool = True, total_steps: int | None = None
 ) -> BackendConfig:
-    """The policy's (or, with ``path``, another model's) :class:`BackendConfig`.
+    """The policy's (or, with ``path``, another model's) :class:`BackendConfig`, on ``trainer.device``.
 
     ``trainable=False`` (the reference model) turns off gradient checkpointing and LoRA. ``total_steps`` (training
     steps) sizes the learning-rate schedule; the ``linear`` and ``cosine`` schedules need it.
@@ -144,7 +144,10 @@ def backend_config(
     )
     return BackendConfig(
         model_path=path or m.path,
+        device=t.device,
         dtype=m.dtype,
+        compute_dtype=m.compute_dtype,
+        logprob_chunk_size=t.logprob_chunk_size,
         micro_train_batch_size=t.micro_train_batch_size,
         micro_forward_batch_size=t.micro_forward_batch_size,
         max_tokens_per_microbatch=t.max_tokens_per_microbatch,
@@ -178,7 +181,7 @@ def engine_settings(config: Config) -> EngineSettings:
     inf, model = config.inference, config.model
     options: dict[str, Any]
     if inf.engine == "local":
-        options = {"dtype": model.dtype, "seed": config.trainer.seed}
+        options = {"dtype": model.dtype, "seed": config.trainer.seed, "device": _local_engine_device(config)}
     elif inf.engine == "vllm":
         options = _vllm_options(config)
     else:
@@ -199,6 +202,14 @@ def engine_settings(config: Config) -> EngineSettings:
         cpus_per_replica=inf.num_cpus_per_engine,
         gpus_per_replica=inf.num_gpus_per_engine,
     )
+
+
+def _local_engine_device(config: Config) -> str:
+    """The trainer's device for an engine in this process; engine actors compute where Ray gave them GPUs."""
+    inf = config.inference
+    if inf.num_engines > 1:
+        return "cuda" if inf.num_gpus_per_engine > 0 else "cpu"
+    return config.trainer.device
 
 
 def _vllm_options(config: Config) -> dict[str, Any]:

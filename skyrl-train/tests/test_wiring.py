@@ -130,7 +130,7 @@ def test_training_steps_of_a_run() -> None:
 def test_engine_settings_follow_the_inference_section() -> None:
     local = _parts("model.path=m", "model.dtype=bfloat16", "trainer.seed=5").engine
     assert (local.kind, local.model_path) == ("local", "m")
-    assert local.options == {"dtype": "bfloat16", "seed": 5}
+    assert local.options == {"dtype": "bfloat16", "seed": 5, "device": "cpu"}  # trainer.device, resolved here
     vllm = _parts(
         "inference.engine=vllm",
         "model.dtype=bfloat16",

@@ -14,6 +14,8 @@ SchedulerName = Literal["constant", "constant_with_warmup", "cosine", "linear"]
 SCHEDULERS: tuple[str, ...] = get_args(SchedulerName)
 DTypeName = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DTypeName)
+ComputeDTypeName = Literal["auto", "float32", "bfloat16"]
+COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDTypeName)
 
 
 @dataclass
@@ -60,8 +62,10 @@ class BackendConfig:
     """One model on one device, trained in micro-batches."""
 
     model_path: str  # a local Hugging Face directory (config.json + safetensors) or a hub id
-    device: str = "cpu"  # torch device of the model, e.g. "cpu", "cuda", "cuda:1"
-    dtype: DTypeName = "float32"  # dtype of the parameters (and of the optimizer's view of them)
+    device: str = "cpu"  # torch device of the model: "cpu", "cuda" (this process's GPU) or "cuda:N"
+    dtype: DTypeName = "float32"  # dtype of the master weights and the optimizer state (backends.precision)
+    compute_dtype: ComputeDTypeName = "auto"  # matmul dtype; auto: bfloat16 on a GPU, ``dtype`` on a CPU
+    logprob_chunk_size: int = 4096  # response positions whose vocabulary logits exist at once; <= 0: all of them
     attn_implementation: str | None = None  # "sdpa", "eager", "flash_attention_2"; None: transformers' default
     micro_train_batch_size: int = 1  # rows per micro-batch in forward_backward (the last one may be smaller)
     micro_forward_batch_size: int = 1  # rows per micro-batch in forward (the last one may be smaller)
@@ -75,6 +79,8 @@ class BackendConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; available: {', '.join(DTYPES)}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"unknown compute_dtype {self.compute_dtype!r}; available: {', '.join(COMPUTE_DTYPES)}")
         for name in ("micro_train_batch_size", "micro_forward_batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive number of rows, got {getattr(self, name)}")

@@ -46,6 +46,7 @@ class CriticBackend(TorchBackend):
         if with_entropy:
             raise ValueError("a critic has no token distribution: call it with with_entropy=False")
         inputs = self._inputs(micro_batch)
-        scores = self.model(**inputs.model_kwargs()).logits  # [R, N, 1]
+        with self._compute_context():
+            scores = self.model(**inputs.model_kwargs()).logits  # [R, N, 1]
         values = inputs.scatter(scores[inputs.rows, inputs.cols, 0].float())
         return ModelOutput(log_probs=values.new_zeros(values.shape[0], 0), values=values)

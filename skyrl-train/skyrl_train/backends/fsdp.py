@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,9 @@ from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.backends.lora import unwrap
 from skyrl_train.backends.torch_backend import TorchBackend
 from skyrl_train.tensor_broadcast import TensorSpec, specs_of
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 __all__ = ["FSDPCriticWorker", "FSDPWorker", "check_worker_config", "shard_layers"]
 
@@ -54,29 +59,21 @@ def check_worker_config(config: BackendConfig) -> None:
         )
 
 
-def shard_layers(model: nn.Module, *, bf16_compute: bool = False) -> nn.Module:
+def shard_layers(model: nn.Module, policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """``fully_shard`` every decoder layer (a module whose class name ends in ``DecoderLayer``), then the root.
 
     One FSDP unit per layer keeps one layer's full parameters alive at a time in forward and backward; the root unit
-    holds the rest (embeddings, final norm, head, tied weights). ``bf16_compute`` (on GPU) gathers parameters in
-    bfloat16 for forward and backward and reduces gradients in float32, while the sharded master weights and AdamW
-    state keep the model's dtype.
+    holds the rest (embeddings, final norm, head, tied weights). ``policy`` is the mixed-precision policy of every
+    unit (:meth:`skyrl_train.backends.precision.PrecisionPolicy.fsdp`); None computes in the parameters' dtype.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    # The default policy computes in the parameters' own dtype.
-    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    policy = bf16 if bf16_compute else MixedPrecisionPolicy()
+    policy = policy if policy is not None else MixedPrecisionPolicy()
     for module in model.modules():
         if type(module).__name__.endswith("DecoderLayer"):
             fully_shard(module, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (CPU for a model without parameters)."""
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 class FSDPWorker(TorchBackend):
@@ -86,8 +83,17 @@ class FSDPWorker(TorchBackend):
         check_worker_config(self.config)
         if not dist.is_initialized():
             raise RuntimeError("an FSDP worker needs torch.distributed initialised first (init_process_group)")
-        # bf16 compute on GPU (fp32 master weights when the model is loaded in fp32); full precision on CPU
-        return shard_layers(model, bf16_compute=model_device(model).type == "cuda")
+        return shard_layers(model, self.precision.fsdp())
+
+    def _compute_context(self) -> AbstractContextManager[object]:
+        """Nothing: the sharding casts parameters to the compute dtype as it gathers them."""
+        return nullcontext()
+
+    def peak_memory_bytes(self) -> int:
+        """The highest peak of any rank (collective: every rank must call it)."""
+        peak = torch.tensor([super().peak_memory_bytes()], dtype=torch.int64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # gloo reduces CPU tensors, NCCL GPU ones: the model's device
+        return int(peak.item())
 
     def forward_backward(
         self, batch: TrainingBatch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = False

@@ -39,6 +39,7 @@ from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
 from skyrl_train.backends.config import BackendConfig
 from skyrl_train.backends.fsdp import check_worker_config
 from skyrl_train.backends.torch_backend import combine_metrics
+from skyrl_train.devices import require_device
 from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddress, TensorSpec
 
 __all__ = ["FSDPBackend", "WorkerGroupConfig", "split_rows"]
@@ -106,6 +107,9 @@ class _Worker:
         from skyrl_train.backends.fsdp import FSDPCriticWorker, FSDPWorker
 
         torch.set_num_threads(max(int(os.environ.get("OMP_NUM_THREADS", "1")), 1))
+        device = require_device(self.config.device)  # fails here, naming trainer.device, on a rank without a GPU
+        if device.type == "cuda":  # NCCL binds each rank to the current device: the GPU Ray gave this actor
+            torch.cuda.set_device(device.index or 0)
         dist.init_process_group(
             dist_backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world_size
         )
@@ -308,6 +312,10 @@ class FSDPBackend:
     def export_hf(self, path: Path, tokenizer_path: str | Path | None = None) -> None:
         """A Hugging Face model directory from the gathered weights (written by rank 0)."""
         ray.get([worker.call.remote("export_hf", Path(path), tokenizer_path) for worker in self.workers])
+
+    def peak_memory_bytes(self) -> int:
+        """The highest peak device memory of any rank since the last call (0 on CPUs)."""
+        return int(ray.get([worker.call.remote("peak_memory_bytes") for worker in self.workers])[0])
 
     def has_active_dropout(self) -> bool:
         """Whether a training forward can differ from :meth:`forward` (the trainer's old-log-prob shortcut)."""

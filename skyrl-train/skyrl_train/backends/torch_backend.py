@@ -32,7 +32,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
@@ -54,12 +54,14 @@ from skyrl_train.backends.packing import (
     split_by_rows,
     split_by_tokens,
 )
+from skyrl_train.backends.precision import DTYPES, PrecisionPolicy
+from skyrl_train.backends.token_stats import chunked_head, supports_chunked_head
 from skyrl_train.compute_thread import ComputeThread
+from skyrl_train.devices import PeakMemory, require_device
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 B = TypeVar("B", bound="TorchBackend")
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -90,7 +92,9 @@ class TorchBackend:
     def __init__(self, config: BackendConfig, compute: ComputeThread | None = None) -> None:
         self.config = config
         self.compute = compute
-        self.device = torch.device(config.device)
+        self.device = require_device(config.device)
+        self.precision = PrecisionPolicy.of(config.dtype, config.compute_dtype, self.device)
+        self.memory = PeakMemory(self.device)  # peak device memory of this role's calls (CUDA only)
         if config.remove_padding:
             require_packed_sequence_support()
         torch.manual_seed(config.seed)
@@ -121,7 +125,7 @@ class TorchBackend:
         return AutoModelForCausalLM.from_pretrained(self.config.model_path, **self._load_kwargs())
 
     def _load_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"dtype": _DTYPES[self.config.dtype]}
+        kwargs: dict[str, Any] = {"dtype": DTYPES[self.config.dtype]}
         if self.config.attn_implementation is not None:
             kwargs["attn_implementation"] = self.config.attn_implementation
         return kwargs
@@ -135,16 +139,45 @@ class TorchBackend:
         return ()
 
     def _micro_output(self, micro_batch: TrainingBatch, temperature: float, with_entropy: bool) -> ModelOutput:
-        """Log-probs ``[b, T]`` (and entropy ``[b, T]``) of one micro-batch already on the device."""
+        """Log-probs ``[b, T]`` (and entropy ``[b, T]``) of one micro-batch already on the device.
+
+        With a plain output head the vocabulary logits exist a chunk of positions at a time
+        (:mod:`~skyrl_train.backends.token_stats`); otherwise the ``[K, V]`` logits are computed whole.
+        """
         inputs = self._inputs(micro_batch)
         keep, rows, cols = inputs.logits_to_keep()
-        logits = self.model(**inputs.model_kwargs(), logits_to_keep=keep).logits[rows, cols]  # [K, V]
+        targets = inputs.targets()
+        with self._compute_context():
+            if self._chunked:
+                chunk = self.config.logprob_chunk_size
+                with chunked_head(
+                    unwrap(self.model),
+                    rows,
+                    cols,
+                    targets,
+                    temperature=temperature,
+                    with_entropy=with_entropy,
+                    chunk_size=chunk,
+                ):
+                    stats = self.model(**inputs.model_kwargs(), logits_to_keep=keep).logits  # [K, 1 or 2]
+                entropy = inputs.scatter(stats[:, 1]) if with_entropy else None
+                return ModelOutput(log_probs=inputs.scatter(stats[:, 0]), entropy=entropy)
+            logits = self.model(**inputs.model_kwargs(), logits_to_keep=keep).logits[rows, cols]  # [K, V]
         logits = logits.float()
         if temperature != 1.0:  # x / 1.0 == x exactly: skip a [K, V] copy and its backward
             logits = logits / temperature
-        log_probs = inputs.scatter(token_log_probs(logits, inputs.targets()))
+        log_probs = inputs.scatter(token_log_probs(logits, targets))
         entropy = inputs.scatter(entropy_from_logits(logits)) if with_entropy else None
         return ModelOutput(log_probs=log_probs, entropy=entropy)
+
+    @functools.cached_property
+    def _chunked(self) -> bool:
+        """Whether log-probs come from the chunked head (``logprob_chunk_size`` > 0 and a plain head)."""
+        return self.config.logprob_chunk_size > 0 and supports_chunked_head(unwrap(self.model))
+
+    def _compute_context(self) -> AbstractContextManager[object]:
+        """Forward passes run under the precision policy's autocast (an FSDP2 rank casts through its sharding)."""
+        return self.precision.autocast(self.device)
 
     def _inputs(self, micro_batch: TrainingBatch) -> ModelInputs:
         return model_inputs(
@@ -167,8 +200,10 @@ class TorchBackend:
         _check_call(batch, temperature)
         self.model.eval()
         slices = self._micro_slices(batch, self.config.micro_forward_batch_size)
-        outputs = [self._micro_output(batch.select(s).to(self.device), temperature, with_entropy) for s in slices]
-        return _concat_outputs(outputs, batch.input_ids.device)
+        with self.memory.measure():
+            on_device = self._to_device(batch)  # one copy for the whole batch, not one per micro-batch
+            outputs = [self._micro_output(on_device.select(s), temperature, with_entropy) for s in slices]
+            return _concat_outputs(outputs, batch.input_ids.device)
 
     @_on_compute_thread
     def forward_backward(
@@ -184,13 +219,21 @@ class TorchBackend:
         _check_call(batch, temperature)
         size = self.config.micro_train_batch_size
         self.model.train()
-        total_loss, weighted = 0.0, []
-        for rows in self._micro_slices(batch, size):
-            micro_batch = batch.select(rows).to(self.device)
-            loss, metrics = loss_fn(self._micro_output(micro_batch, temperature, with_entropy), micro_batch)
-            torch.autograd.backward(loss)
-            total_loss += float(loss.detach())
-            weighted.append((float(micro_batch.response_mask.sum()), metrics))
+        slices = self._micro_slices(batch, size)
+        # Token counts and the summed loss stay on the device until the end: no host sync between micro-batches
+        # for them (a loss function's own metrics are its business).
+        tokens = [float(batch.response_mask[rows].sum()) for rows in slices]
+        losses: list[torch.Tensor] = []
+        weighted = []
+        with self.memory.measure():
+            on_device = self._to_device(batch)
+            for rows, count in zip(slices, tokens, strict=True):
+                micro_batch = on_device.select(rows)
+                loss, metrics = loss_fn(self._micro_output(micro_batch, temperature, with_entropy), micro_batch)
+                torch.autograd.backward(loss)
+                losses.append(loss.detach())
+                weighted.append((count, metrics))
+            total_loss = float(torch.stack(losses).sum()) if losses else 0.0
         return {**combine_metrics(weighted), "loss": total_loss}
 
     @_on_compute_thread
@@ -203,6 +246,10 @@ class TorchBackend:
         Returns:
             ``grad_norm`` (before clipping), ``lr`` (the rate this step used) and ``skipped`` (0 or 1).
         """
+        with self.memory.measure():
+            return self._optim_step()
+
+    def _optim_step(self) -> dict[str, float]:
         max_norm = self.config.optimizer.max_grad_norm
         clip_to = max_norm if max_norm is not None and max_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), clip_to)
@@ -310,6 +357,16 @@ class TorchBackend:
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters the optimizer updates (all of them, or the adapters and extra modules with LoRA)."""
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def peak_memory_bytes(self) -> int:
+        """Peak device memory of this backend's calls since the last time it was asked (0 on a CPU)."""
+        return self.memory.take()
+
+    def _to_device(self, batch: TrainingBatch) -> TrainingBatch:
+        """``batch`` on the model's device; from pinned host memory when going to a GPU (an asynchronous copy)."""
+        if self.device.type == "cuda" and batch.input_ids.device.type == "cpu":
+            return batch.pin().to(self.device, non_blocking=True)
+        return batch.to(self.device)
 
     def _micro_slices(self, batch: TrainingBatch, rows_per_micro_batch: int) -> list[slice]:
         budget = self.config.max_tokens_per_microbatch
