@@ -12,7 +12,7 @@ their own figure. On a CPU there is no device counter and nothing is recorded.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Literal, get_args
 
@@ -22,7 +22,16 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 DEVICE_NAMES: tuple[str, ...] = get_args(DeviceName)
 DEVICE_KEY = "trainer.device"
 
-__all__ = ["DEVICE_KEY", "DEVICE_NAMES", "DeviceName", "PeakMemory", "describe", "require_device", "resolve_device"]
+__all__ = [
+    "DEVICE_KEY",
+    "DEVICE_NAMES",
+    "DeviceName",
+    "PeakMemory",
+    "describe",
+    "device_metrics",
+    "require_device",
+    "resolve_device",
+]
 
 
 def resolve_device(name: str, *, gpus_reserved: bool = False) -> str:
@@ -101,3 +110,18 @@ class PeakMemory:
         """The peak since the last call, in bytes, and start a new window."""
         peak, self.peak = self.peak, 0
         return peak
+
+
+def device_metrics(device: str, roles: Mapping[str, object]) -> dict[str, float]:
+    """``system/device_is_cuda`` and, per role that measures it, ``system/peak_memory_gib/{role}`` since last asked.
+
+    ``roles`` maps a role name (policy, ref, critic) to its backend; a backend measures its peak when it has a
+    ``peak_memory_bytes()`` method (the in-process and FSDP backends) and reports a figure above 0 (on a GPU).
+    """
+    metrics = {"system/device_is_cuda": float(device.startswith("cuda"))}
+    for role, backend in roles.items():
+        measure = getattr(backend, "peak_memory_bytes", None)
+        peak = int(measure()) if callable(measure) else 0
+        if peak > 0:
+            metrics[f"system/peak_memory_gib/{role}"] = peak / 2**30
+    return metrics
