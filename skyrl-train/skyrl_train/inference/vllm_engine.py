@@ -24,14 +24,20 @@ weight loads run between two engine steps. Where the engine core and its worker 
 
 Every transport ends in :class:`~skyrl_train.inference.vllm_worker_ext.WeightUpdateExtension`, installed as
 vLLM's ``worker_extension_cls`` and reached through ``llm.collective_rpc``: it calls the worker's
-``reload_weights`` and refreshes a tied ``lm_head`` (the CPU backend otherwise keeps a stale copy).
+``reload_weights`` and refreshes a tied ``lm_head`` (the CPU backend otherwise keeps a stale copy). Then, before
+anything is generated with the new weights, vLLM's prefix cache is reset: every key and value computed by the old
+weights is forgotten, so no request reuses them under the new policy version.
 
 Pausing (``VLLMEngineConfig.pause_at``): ``"sequence_end"`` holds new calls and waits for the running ones to finish
-before a weight load. ``"token"`` holds the engine thread between two engine steps instead: running requests keep
-their place and KV cache in vLLM's scheduler, the load runs, and on ``resume`` they continue under the new weights
-(as vLLM's own ``pause_generation(mode="keep")``). Requests then stream their tokens step by step
-(``RequestOutputKind.DELTA``), so each token records :attr:`VLLMEngine.policy_version` at the step that sampled it
-(``GenerationOutput.token_policy_versions``).
+before a weight load. ``"token"`` holds the engine between two engine steps instead: running requests keep their
+place in vLLM's scheduler, the load runs, and on ``resume`` they continue under the new weights (as vLLM's own
+``pause_generation(mode="keep", clear_cache=True)``: the cache reset makes them recompute their keys and values
+with the new weights first). Requests then stream their tokens step by step (``RequestOutputKind.DELTA``), so
+each token records :attr:`VLLMEngine.policy_version` at the step that delivered it
+(``GenerationOutput.token_policy_versions``). A separate engine-core process (multiprocess mode) samples on its
+own, ahead of the engine thread, so there the pause also stops the core's scheduler (vLLM's
+``pause_scheduler(mode="keep")``) and reads the tokens it sampled before stopping: they are delivered, with the
+version of the weights that sampled them, before ``pause`` returns.
 
 Log-probabilities: the engine is created with ``logprobs_mode="processed_logprobs"``, so they are
 ``log_softmax(logits / temperature)`` (after top-k/top-p/min-p filtering when those are set), as the trainer
@@ -273,7 +279,8 @@ class VLLMEngine:
         """Hold new work; return once no engine step runs.
 
         With ``pause_at="sequence_end"`` new calls wait and running ones finish first; with ``"token"`` the engine
-        steps no more once this returns (running requests wait in vLLM's scheduler, with their KV cache).
+        steps no more once this returns (running requests wait in vLLM's scheduler; every token sampled so far has
+        been delivered).
         """
         if self.pauses_at_token_boundary:
             await self._hold(True)
@@ -340,7 +347,7 @@ class VLLMEngine:
 
     async def _load(self, rpc: Callable[[Any], list[float]]) -> None:
         async with paused_during(self):
-            seconds = await self.call(rpc)
+            seconds = await self.call(lambda llm: _load_and_reset_cache(llm, rpc))
         self.last_update_seconds = max(seconds) if seconds else None
 
     # -- engine thread -------------------------------------------------------------------------------------
@@ -387,8 +394,7 @@ class VLLMEngine:
                 for request in command.requests:
                     self._add(llm, request, pending)
             elif isinstance(command, _Hold):
-                self._thread_held = command.held
-                _set(command.future, None)
+                self._apply_hold(llm, pending, command)
             elif isinstance(command, _Abort):
                 live = [rid for rid in command.request_ids if pending.pop(rid, None) is not None]
                 if live:
@@ -396,6 +402,29 @@ class VLLMEngine:
             else:
                 _run_call(command, llm)
         return True
+
+    def _apply_hold(self, llm: Any, pending: dict[str, _Request], hold: _Hold) -> None:
+        """Stop (or restart) sampling between two engine steps; resolves ``hold.future`` when done.
+
+        The engine thread stops stepping. An engine core in its own process would go on sampling by itself, so its
+        scheduler is paused as well, and the tokens it sampled before pausing are read now: they are stamped with
+        the policy version of the weights that sampled them, the one current until ``pause`` returns.
+        """
+        client = llm.llm_engine.engine_core
+        try:
+            if not _in_process_core(llm):
+                if hold.held:
+                    client.call_utility("pause_scheduler", "keep", False)  # the cache is reset after a load
+                    # The pause's reply came after every output sampled before it: they are queued here now.
+                    while pending and not client.outputs_queue.empty():
+                        self._step(llm, pending)
+                else:
+                    client.call_utility("resume_scheduler")
+        except Exception as exc:  # delivered to pause() or resume(), not raised on the engine thread
+            _set(hold.future, exc)
+            return
+        self._thread_held = hold.held
+        _set(hold.future, None)
 
     def _add(self, llm: Any, request: _Request, pending: dict[str, _Request]) -> None:
         from vllm.inputs import TokensPrompt
@@ -587,10 +616,29 @@ def _fail(requests: Iterable[_Request], exc: BaseException) -> None:
         _set(request.future, exc)
 
 
+def _load_and_reset_cache(llm: Any, rpc: Callable[[Any], list[float]]) -> list[float]:
+    """Run the weight-loading ``rpc`` (its per-worker seconds are returned), then forget the old weights' KV cache.
+
+    A prompt that shares a cached prefix would otherwise be continued from keys and values of the old weights
+    while its tokens carry the new policy version. Requests held at a token boundary lose their cache as well:
+    vLLM preempts them, and they recompute it with the new weights when they are next scheduled.
+    """
+    seconds = rpc(llm)
+    if not llm.reset_prefix_cache(reset_running_requests=True):
+        raise RuntimeError("vLLM could not reset its prefix cache after loading new weights")
+    return seconds
+
+
+def _in_process_core(llm: Any) -> bool:
+    """Whether vLLM's engine core runs in this process, so that it samples only when the engine thread steps it."""
+    return getattr(llm.llm_engine.engine_core, "engine_core", None) is not None  # set by the in-process client
+
+
 def _in_process_worker(llm: Any) -> bool:
     """Whether the model worker runs in this process (so tensors can be handed over as they are)."""
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)  # set only by vLLM's in-process client
-    executor = getattr(core, "model_executor", None)
+    if not _in_process_core(llm):
+        return False
+    executor = getattr(llm.llm_engine.engine_core.engine_core, "model_executor", None)
     return executor is not None and hasattr(executor, "driver_worker")
 
 
