@@ -39,7 +39,9 @@ pass runs on exactly the weights the old log-probs would be computed with (no op
 so when that forward computes what ``policy.forward`` computes (the backend reports no active dropout) the old
 log-probs are its detached log-probs, and the separate no-grad pass is skipped (as TRL does with
 ``num_iterations=1``). The ratio is then exactly 1 where the separate pass would give ``1 ± float error``; values
-and gradients are otherwise the same. ``policy/rollout_logprob_gap`` then comes from the training forward.
+and gradients are otherwise the same. ``policy/rollout_logprob_gap`` then comes from the training forward, as one
+of the loss function's metrics: the loss runs wherever the backend runs it (in Ray workers with FSDP), and only its
+metrics come back. No forward pass runs after the optimizer step to measure it.
 ``LoopSettings.reuse_update_log_probs=False`` always runs the separate pass; a KL penalty in the reward needs the
 old log-probs before the update, so it does too.
 """
@@ -75,6 +77,7 @@ from skyrl_train.async_buffer import Group, RolloutStream, make_group, stream_me
 from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBackend, TrainingBatch
 from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.data.dataset import PromptRecord
+from skyrl_train.devices import device_metrics
 from skyrl_train.dynamic_sampling import (
     DynamicSamplingError,
     collect_informative_groups,
@@ -130,6 +133,7 @@ class LoopSettings:
     seed: int = 42  # seeds the per-step sampling seeds and the mini-batch shuffles
     # "one_step_off": the next step generates while this one trains; "fully_async": train_step_from(stream)
     async_mode: AsyncMode = "sync"
+    device: str = "cpu"  # where the models compute (trainer.device, resolved): logged as system/device_is_cuda
 
 
 @dataclass
@@ -293,6 +297,8 @@ class Trainer:
         metrics["timing/step_s"] = sum(timings.values())
         metrics["system/num_policy_workers"] = float(getattr(self.policy, "num_workers", 1))
         metrics["system/num_engines"] = float(getattr(self.engine, "num_engines", 1))
+        roles = {"policy": self.policy, "ref": self.ref, "critic": self.critic}
+        metrics.update(device_metrics(self.settings.device, {r: b for r, b in roles.items() if b is not None}))
         self._emit(metrics)
         return metrics
 
@@ -435,7 +441,7 @@ class Trainer:
         if old_log_probs:
             batch.tensors["old_log_probs"] = self.policy.forward(batch, temperature=temperature).log_probs.detach()
             if _ROLLOUT in batch.tensors:
-                metrics["policy/rollout_logprob_gap"] = _logprob_gap(batch)
+                metrics[_GAP] = _mean_gap(batch.tensors[_ROLLOUT], batch.tensors["old_log_probs"], batch.response_mask)
         else:
             # The gap is measured on the training forward, over the tokens generated (before any filter below).
             batch.tensors[_GAP_MASK] = batch.response_mask
@@ -507,12 +513,11 @@ class Trainer:
         learn from the same shuffled mini-batches, and neither update changes what the other one sees (the old
         log-probs, values, advantages and returns were all computed before the first update). With
         ``reuse_forward`` the batch has no old log-probs: each micro-batch takes the detached log-probs of its own
-        forward pass, and the rollout log-prob gap is measured there.
+        forward pass, and the loss function reports the rollout log-prob gap of that pass among its metrics (see
+        :func:`_on_policy_update`), so the gap comes back from wherever the backend runs the loss.
         """
         loss_fn = make_loss_fn(self.objective)
-        gap = _GapSum()
-        if reuse_forward:
-            loss_fn = _with_current_as_old(loss_fn, gap)
+        gap: Metrics = {}  # the gap of a mini-batch with nothing to train on, from a forward of its own
         value_loss_fn = make_value_loss_fn(self.settings.value_clip)
         sums: defaultdict[str, float] = defaultdict(float)
         skipped: defaultdict[str, float] = defaultdict(float)  # optimizer steps skipped, per model
@@ -522,12 +527,15 @@ class Trainer:
             for rows in self._mini_batches(experience.group_index, rng):
                 mini = experience.batch.select(rows)
                 if mini.response_mask.sum() == 0:  # nothing to learn from (e.g. every group zero-variance or failed)
+                    if reuse_forward:
+                        gap = self._measure_gap(mini)  # before the step, which leaves the weights as they are
                     self._advance_schedules()
                     continue
                 add_token_weights(mini, experience.group_index[rows], self.objective)
+                sent, sent_loss_fn = _on_policy_update(mini, loss_fn) if reuse_forward else (mini, loss_fn)
                 stats = self.policy.forward_backward(
-                    mini,
-                    loss_fn,
+                    sent,
+                    sent_loss_fn,
                     temperature=self.settings.logprob_temperature,
                     with_entropy=self.objective.needs_entropy,
                 )
@@ -543,8 +551,7 @@ class Trainer:
         metrics = {k if "/" in k else f"policy/{k}": v / count for k, v in sums.items()} if count else {}
         metrics["policy/optimizer_steps"] = float(count)
         metrics.update(_skipped_steps(skipped, self.global_step))
-        if reuse_forward and _ROLLOUT in experience.batch.tensors:
-            metrics["policy/rollout_logprob_gap"] = gap.mean() if gap.tokens else self._measure_gap(experience.batch)
+        metrics.update(gap)
         return metrics
 
     def _advance_schedules(self) -> None:
@@ -557,12 +564,15 @@ class Trainer:
         if self.critic is not None:
             self.critic.optim_step()
 
-    def _measure_gap(self, batch: TrainingBatch) -> float:
-        """The rollout log-prob gap from a separate forward pass (when no training forward ran to measure it)."""
-        log_probs = self.policy.forward(batch, temperature=self.settings.logprob_temperature).log_probs.detach()
-        gap = _GapSum()
-        gap.add(log_probs, batch)
-        return gap.mean()
+    def _measure_gap(self, batch: TrainingBatch) -> Metrics:
+        """``policy/rollout_logprob_gap`` of ``batch`` from a forward pass of its own; {} without rollout log-probs.
+
+        For an on-policy mini-batch with nothing to train on: no training forward runs to measure the gap.
+        """
+        if _ROLLOUT not in batch.tensors:
+            return {}
+        log_probs = self.policy.forward(batch, temperature=self.settings.logprob_temperature).log_probs
+        return {_GAP: _mean_gap(batch.tensors[_ROLLOUT], log_probs, batch.tensors[_GAP_MASK])}
 
     def _mini_batches(self, group_index: torch.Tensor, rng: random.Random) -> Iterator[torch.Tensor]:
         """Row indices of each mini-batch: ``policy_mini_batch_size`` whole groups, groups in shuffled order."""
@@ -660,42 +670,58 @@ def _critic_step(critic: TrainingBackend, mini: TrainingBatch, loss_fn: LossFn) 
     return {key if "/" in key else f"critic/{key}": value for key, value in stats.items()}
 
 
+_GAP = "policy/rollout_logprob_gap"
 _GAP_MASK = "logprob_gap_mask"
 """``tensors`` key of the ``[B, T]`` mask the rollout log-prob gap is measured over, when the update measures it."""
+_TRAINED_MASK = "trained_mask"
+"""``tensors`` key of the ``[B, T]`` mask of the tokens an on-policy update trains on (:func:`_on_policy_update`)."""
 
 
-@dataclass
-class _GapSum:
-    """Running sums for ``policy/rollout_logprob_gap`` over micro-batches (the mean of all their tokens)."""
-
-    total: float = 0.0
-    tokens: float = 0.0
-
-    def add(self, log_probs: torch.Tensor, batch: TrainingBatch) -> None:
-        """Add ``|rollout − log_probs|`` ``[b, T]`` over the batch's generated tokens."""
-        if _ROLLOUT not in batch.tensors:
-            return  # the engine reported no log-probs: there is no gap to measure
-        mask = batch.tensors.get(_GAP_MASK, batch.response_mask)
-        gap = (batch.tensors[_ROLLOUT] - log_probs.to(mask.device)).abs()
-        self.total += float((gap * mask).sum())
-        self.tokens += float(mask.sum())
-
-    def mean(self) -> float:
-        """The mean gap; 0 over no tokens (as ``masked_mean``)."""
-        return self.total / max(self.tokens, 1.0)
+def _mean_gap(rollout: torch.Tensor, log_probs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean ``|rollout − log_probs|`` (both ``[B, T]``) over the tokens of ``mask``; 0 over none."""
+    return float(masked_mean((rollout - log_probs.detach().to(rollout.device)).abs(), mask.to(rollout.device)))
 
 
-def _with_current_as_old(loss_fn: LossFn, gap: _GapSum) -> LossFn:
-    """``loss_fn`` with the micro-batch's old log-probs taken from the output's detached log-probs.
+def _on_policy_update(mini: TrainingBatch, loss_fn: LossFn) -> tuple[TrainingBatch, LossFn]:
+    """The batch and loss function to send for an update whose forward pass also gives the old log-probs.
 
     Only valid when the forward pass runs on the weights that sampled the batch and computes what a no-grad forward
-    would (see "One update" in the module docstring); the gap to the rollout log-probs is added to ``gap``.
+    would (see "One update" in the module docstring). The gap to the rollout log-probs is measured over the
+    generated tokens (``tensors[_GAP_MASK]``), which include groups the zero-variance filter left out of
+    ``response_mask``. The backend combines non-loss metrics over micro-batches and ranks weighted by their
+    ``response_mask`` tokens, and pads a rank's short share with copies of a row whose ``response_mask`` alone is
+    zeroed; so the batch sent carries the generated tokens as ``response_mask`` (the gap's weights, zero on padding)
+    and the trained ones under ``_TRAINED_MASK``, which the loss function turns back into the mask it trains with.
+    """
+    trained = mini.response_mask
+    tensors = {name: t for name, t in mini.tensors.items() if name != _GAP_MASK}
+    sent = replace(mini, response_mask=mini.tensors[_GAP_MASK], tensors={**tensors, _TRAINED_MASK: trained})
+    # Generated over trained tokens of the mini-batch: converts the backend's weights back (see below).
+    scale = float(sent.response_mask.sum()) / float(trained.sum())
+    return sent, _with_current_as_old(loss_fn, scale)
+
+
+def _with_current_as_old(loss_fn: LossFn, scale: float) -> LossFn:
+    """``loss_fn`` on a micro-batch of :func:`_on_policy_update`'s batch, with the forward's log-probs as old ones.
+
+    Its metrics add ``policy/rollout_logprob_gap``: the mean over the micro-batch's generated tokens (its
+    ``response_mask``, ``g`` of them), which the backend's weighting by ``g`` makes the mean over all of them.
+    ``loss_fn`` sees the ``t`` trained tokens as its mask, and its metrics are means over those; each is multiplied
+    by ``t / g · scale`` (``scale``: the mini-batch's generated over its trained tokens), so that the backend's
+    ``g``-weighted mean comes out as the ``t``-weighted one. ``*_loss`` shares are summed, not weighted: they stay.
     """
 
     def on_policy_loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
         current = output.log_probs.detach()
-        gap.add(current, batch)
-        return loss_fn(output, replace(batch, tensors={**batch.tensors, "old_log_probs": current}))
+        generated = batch.response_mask
+        trained = batch.tensors[_TRAINED_MASK] * generated  # 0 on padding rows, whose generated mask alone is 0
+        tensors = {**batch.tensors, "old_log_probs": current}
+        loss, metrics = loss_fn(output, replace(batch, response_mask=trained, tensors=tensors))
+        share = float(trained.sum()) / max(float(generated.sum()), 1.0) * scale
+        metrics = {name: v if name.endswith("_loss") else v * share for name, v in metrics.items()}
+        if _ROLLOUT in batch.tensors:
+            metrics[_GAP] = _mean_gap(batch.tensors[_ROLLOUT], current, generated)
+        return loss, metrics
 
     return on_policy_loss_fn
 
@@ -740,12 +766,6 @@ def _skipped_steps(skipped: Mapping[str, float], step: int) -> Metrics:
             )
     metrics.setdefault("policy/skipped_steps", 0.0)
     return metrics
-
-
-def _logprob_gap(batch: TrainingBatch) -> float:
-    """Mean |engine log-prob − trainer log-prob| over the tokens the model generated (loss mask 1)."""
-    gap = (batch.tensors[_ROLLOUT] - batch.tensors["old_log_probs"]).abs()
-    return float(masked_mean(gap, batch.response_mask).item())
 
 
 def state_for_checkpoint(trainer: Trainer) -> dict[str, Any]:
