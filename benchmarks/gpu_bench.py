@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import datetime
 import faulthandler
+import functools
 import json
 import os
 import socket
@@ -58,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "benchmarks") not in sys.path:  # _plain_loop beside this file, also when run through runpy
+    sys.path.insert(0, str(REPO / "benchmarks"))
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "gpu_bench.json"
 PROMPT_TOKENS = 32  # leading positions of each training row outside the loss (the "prompt")
 
@@ -73,6 +76,13 @@ QWEN2_05B = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
 }
+QWEN2_15B = {
+    **QWEN2_05B,
+    "hidden_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "intermediate_size": 8960,
+}
 SMALL = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -83,19 +93,33 @@ SMALL = {
     "max_position_embeddings": 512,
     "tie_word_embeddings": True,
 }
+TINY = {  # the project's tiny test model (skyrl_train.models.tiny): the CPU comparison's shape
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "vocab_size": 1024,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+SHAPES = {"0.5b": QWEN2_05B, "1.5b": QWEN2_15B, "small": SMALL, "tiny": TINY}
+# Micro-batch sizes timed for each shape (the 1.5B shape's plain loop keeps full logits: 16 rows would not fit).
+MICRO_BATCHES = {"0.5b": (4, 16), "1.5b": (4, 8), "small": (2,), "tiny": (4,)}
+SIDES = ("plain", "torch", "torch_mixed", "fsdp2")  # see the module docstring
 
 
 @dataclass(frozen=True)
 class Workload:
     """What one run measures; ``--small`` and the full run differ only in these values."""
 
-    shape: dict[str, Any]  # Qwen2Config arguments
+    shapes: tuple[str, ...]  # keys of SHAPES: the training phase runs each; the later phases use the first
     device: str  # "cuda" or "cpu"
     dtype: str  # "bfloat16" or "float32"
     dist_backend: str  # "nccl" or "gloo"
     rows: int = 32  # training rows per step
     seq_len: int = 1024  # tokens per training row
-    micro_batch: int = 4  # rows per forward/backward micro-batch
+    micro_batch: int = 0  # rows per forward/backward micro-batch; 0: each shape's MICRO_BATCHES
     warmup: int = 2  # untimed rounds first (each loop)
     steps: int = 10  # timed training rounds at most (each round: one step of each backend)
     repeats: int = 3  # timed extraction and decoding rounds at most
@@ -109,12 +133,18 @@ class Workload:
 
 def workload_of(args: argparse.Namespace) -> Workload:
     if args.small:
-        base = Workload(SMALL, "cpu", "float32", "gloo", rows=4, seq_len=48, micro_batch=2, warmup=1, steps=2)
+        base = Workload(("small",), "cpu", "float32", "gloo", rows=4, seq_len=48, warmup=1, steps=2)
         base = Workload(**{**asdict(base), "repeats": 1, "prompts": 4, "prompt_len": 8, "new_tokens": 8})
     else:
-        base = Workload(QWEN2_05B, "cuda", "bfloat16", "nccl")
+        base = Workload(("0.5b", "1.5b"), "cuda", "bfloat16", "nccl")
     given = {k: v for k, v in vars(args).items() if k in Workload.__dataclass_fields__ and v is not None}
+    if "shapes" in given:
+        given["shapes"] = tuple(given["shapes"].split(","))
     return Workload(**{**asdict(base), **given})
+
+
+def micro_batches(work: Workload, shape: str) -> tuple[int, ...]:
+    return (work.micro_batch,) if work.micro_batch > 0 else MICRO_BATCHES[shape]
 
 
 # --- the clock ----------------------------------------------------------------------------------------------------
@@ -177,12 +207,12 @@ def alternate(
 # --- model and process group --------------------------------------------------------------------------------------
 
 
-def build_model(work: Workload, path: Path) -> tuple[Path, int]:
-    """The randomly initialised model saved under ``path`` (safetensors, ``work.dtype``); its parameter count."""
+def build_model(work: Workload, shape: str, path: Path) -> tuple[Path, int]:
+    """The randomly initialised ``shape`` model saved under ``path`` (safetensors, ``work.dtype``); its parameters."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**work.shape, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    config = Qwen2Config(**SHAPES[shape], bos_token_id=None, eos_token_id=None, pad_token_id=0)
     torch.manual_seed(work.seed)
     with torch.device(work.device):  # initialising on the GPU is much faster than on its host's CPU
         model = Qwen2ForCausalLM(config).to(getattr(torch, work.dtype))
@@ -229,50 +259,147 @@ def cross_entropy(output: Any, micro: Any) -> tuple[Any, dict[str, float]]:
     return get_policy_loss("cross_entropy")(output.log_probs, ignored, ignored, micro.response_mask, PolicyLossConfig())
 
 
-def backends(work: Workload, model: Path) -> dict[str, Any]:
-    """The candidate (FSDP2 worker) and the baseline (in-process backend) on the same device, same settings."""
-    from skyrl_train.backends import BackendConfig, OptimizerConfig, TorchBackend
-    from skyrl_train.backends.fsdp import FSDPWorker
+def backend_config(work: Workload, model: Path, micro_batch: int, *, mixed: bool = False) -> Any:
+    """Settings of the framework's sides; ``mixed``: float32 master weights, bfloat16 matmuls (the stated policy)."""
+    from skyrl_train.backends import BackendConfig, OptimizerConfig
 
-    config = BackendConfig(
+    return BackendConfig(
         model_path=str(model),
         device=work.device,
-        dtype=work.dtype,  # type: ignore[arg-type]
-        micro_train_batch_size=work.micro_batch,
-        micro_forward_batch_size=work.micro_batch,
+        dtype="float32" if mixed else work.dtype,  # type: ignore[arg-type]
+        compute_dtype="bfloat16" if mixed else "auto",
+        micro_train_batch_size=micro_batch,
+        micro_forward_batch_size=micro_batch,
         remove_padding=False,  # every row is full length: nothing to pack
         gradient_checkpointing=False,
         seed=work.seed,
         optimizer=OptimizerConfig(lr=1e-6, scheduler="constant"),
     )
-    return {"fsdp2": FSDPWorker(config), "torch": TorchBackend(config)}
 
 
-def measure_training(work: Workload, models: dict[str, Any], params: int, budget: Budget) -> dict[str, Any]:
-    batch = training_batch(work, int(work.shape["vocab_size"]))
+def build_side(work: Workload, side: str, model: Path, micro_batch: int) -> Any:
+    """One side of the training comparison (see the module docstring), on ``work.device``."""
+    from _plain_loop import PlainLoop
 
-    def step(backend: Any) -> Callable[[], float]:
-        def run() -> float:
-            seconds, _ = timed(
-                lambda: (backend.forward_backward(batch, cross_entropy), backend.optim_step()), work.device
-            )
-            return seconds
+    from skyrl_train.backends import TorchBackend
+    from skyrl_train.backends.fsdp import FSDPWorker
 
-        return run
+    if side == "plain":
+        return PlainLoop(model, device=work.device, dtype=work.dtype, micro_batch=micro_batch)
+    if side == "torch_mixed":
+        return TorchBackend(backend_config(work, model, micro_batch, mixed=True))
+    if side == "fsdp2":
+        return FSDPWorker(backend_config(work, model, micro_batch))
+    return TorchBackend(backend_config(work, model, micro_batch))
 
-    reserve = 0.35 * work.budget_s  # extraction, the engine and decoding come after
-    steps = alternate({n: step(b) for n, b in models.items()}, work.warmup, work.steps, budget, reserve, "training")
+
+def backends(work: Workload, model: Path) -> dict[str, Any]:
+    """The FSDP2 worker and the in-process backend on the same device, same settings (weights and hand-over)."""
+    micro = micro_batches(work, work.shapes[0])[0]
+    return {side: build_side(work, side, model, micro) for side in ("fsdp2", "torch")}
+
+
+def step_call(side: Any, batch: Any, response_length: int) -> Callable[[], Any]:
+    """One optimizer step of a side over ``batch``."""
+    from _plain_loop import PlainLoop
+
+    if isinstance(side, PlainLoop):
+        return lambda: side.step(batch.input_ids, response_length)
+    return lambda: (side.forward_backward(batch, cross_entropy), side.optim_step())
+
+
+def measure_hand_over(work: Workload, model: Path, result: dict[str, Any], budget: Budget) -> Any:
+    """Weight extraction and the optimizer's offload (into ``result``); returns the extracted CPU weights."""
+    seconds, models = timed(lambda: backends(work, model), work.device)
+    result["setup_s"] = seconds
+    result["weights"], weights = measure_extraction(work, models, budget)
+    result["offload"] = measure_offload(work, models["torch"])
+    del models
+    _free(work)
+    return weights
+
+
+def measure_training(
+    work: Workload, shape: str, model: Path, params: int, budget: Budget, later_shapes: int = 0
+) -> dict[str, Any]:
+    """Each side's step at each micro-batch size of ``shape``, side by side; peak memory per side.
+
+    ``later_shapes`` are still to be measured after this one: the budget keeps room for them.
+    """
+    import torch
+
+    vocab = int(SHAPES[shape]["vocab_size"])
+    batch = training_batch(work, vocab)
+    response = work.seq_len - PROMPT_TOKENS
     tokens = work.rows * work.seq_len
-    out: dict[str, Any] = {"tokens_per_step": tokens, "parameters": params}
-    for name, seconds in steps.items():
+    out: dict[str, Any] = {"tokens_per_step": tokens, "parameters": params, "micro_batches": {}}
+    for micro in micro_batches(work, shape):
+        sides, calls, errors = {}, {}, {}
+        for name in SIDES:
+            try:
+                sides[name] = build_side(work, name, model, micro)
+            except torch.cuda.OutOfMemoryError as exc:
+                errors[name] = f"out of memory building it: {str(exc)[:200]}"
+                continue
+            calls[name] = _peak_tracked(step_call(sides[name], batch, response), work.device, name, errors)
+        reserve = (0.25 + 0.3 * later_shapes) * work.budget_s  # other shapes, extraction and decoding after
+        steps = alternate(calls, work.warmup, work.steps, budget, reserve, f"training {shape} mb{micro}")
+        out["micro_batches"][str(micro)] = _step_stats(work, steps, tokens, params, errors)
+        del sides, calls
+        _free(work)
+    return out
+
+
+def _peak_tracked(call: Callable[[], Any], device: str, name: str, errors: dict[str, str]) -> Callable[[], float]:
+    """``call`` timed; its device memory peak goes to ``_PEAKS[name]``, an out-of-memory error to ``errors[name]``."""
+    import torch
+
+    def run() -> float:
+        if name in errors:
+            return float("nan")
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            seconds, _ = timed(call, device)
+        except torch.cuda.OutOfMemoryError as exc:
+            errors[name] = f"out of memory in a step: {str(exc)[:200]}"
+            return float("nan")
+        if device.startswith("cuda"):
+            _PEAKS[name] = max(_PEAKS.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**30)
+        return float(seconds)
+
+    return run
+
+
+_PEAKS: dict[str, float] = {}  # GiB, per side, of the micro-batch size being measured
+
+
+def _step_stats(
+    work: Workload, steps: dict[str, list[float]], tokens: int, params: int, errors: dict[str, str]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in SIDES:
+        seconds = [s for s in steps.get(name, []) if s == s]  # NaN: the side failed
         median = statistics.median(seconds) if seconds else None
         out[name] = {
             "step_s": seconds,
             "median_step_s": median,
             "tokens_per_s": tokens / median if median else None,
             "mfu": 6 * params * tokens / median / (work.peak_tflops * 1e12) if median else None,
+            "peak_memory_gib": _PEAKS.pop(name, None),
+            "error": errors.get(name),
         }
     return out
+
+
+def _free(work: Workload) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if work.device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def measure_extraction(work: Workload, models: dict[str, Any], budget: Budget) -> tuple[dict[str, Any], Any]:
@@ -306,11 +433,18 @@ def memory_gb(device: str) -> float | None:
 
 def measure_offload(work: Workload, backend: Any) -> dict[str, Any]:
     """A colocated trainer's hand-over: its AdamW moments to host memory and back (seconds, memory freed)."""
-    out: dict[str, Any] = {"allocated_gb": memory_gb(work.device)}
-    out["offload_s"], _ = timed(backend.offload_optimizer, work.device)
-    out["offloaded_allocated_gb"] = memory_gb(work.device)
-    out["reload_s"], _ = timed(backend.reload_optimizer, work.device)
-    out["reloaded_allocated_gb"] = memory_gb(work.device)
+    state = [t for s in backend.optimizer.state.values() for t in s.values() if t.dim() > 0]
+    nbytes = sum(t.numel() * t.element_size() for t in state)
+    out: dict[str, Any] = {"allocated_gb": memory_gb(work.device), "bytes": nbytes}
+    for round_ in range(2):  # the first offload allocates the pinned host buffers; the second reuses them
+        suffix = "" if round_ else "_first"
+        out[f"offload{suffix}_s"], _ = timed(backend.offload_optimizer, work.device)
+        out["offloaded_allocated_gb"] = memory_gb(work.device)
+        out[f"reload{suffix}_s"], _ = timed(backend.reload_optimizer, work.device)
+        out["reloaded_allocated_gb"] = memory_gb(work.device)
+    moved = work.device.startswith("cuda")  # on a CPU the moments stay where they are: no rate to report
+    out["offload_gb_per_s"] = nbytes / out["offload_s"] / 1e9 if moved else None
+    out["reload_gb_per_s"] = nbytes / out["reload_s"] / 1e9 if moved else None
     return out
 
 
@@ -342,7 +476,8 @@ def measure_decoding(work: Workload, model: Path, weights: Any, budget: Budget) 
     reference: Any = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, work.dtype))
     reference.to(work.device).eval()
     generator = torch.Generator().manual_seed(work.seed + 1)
-    prompts = torch.randint(1, int(work.shape["vocab_size"]), (work.prompts, work.prompt_len), generator=generator)
+    vocab = int(SHAPES[work.shapes[0]]["vocab_size"])
+    prompts = torch.randint(1, vocab, (work.prompts, work.prompt_len), generator=generator)
     loop = asyncio.new_event_loop()
     out: dict[str, Any] = {"tokens_per_call": work.prompts * work.new_tokens}
     try:
@@ -396,16 +531,20 @@ def rows_of(result: dict[str, Any]) -> list[dict[str, Any]]:
         ratio = ours / base if ours is not None and base else None
         rows.append({"label": label, "unit": unit, "ours": ours, "baseline": base, "ratio": ratio, "vs": baseline})
 
-    train, work = result.get("training"), result["workload"]
-    if train:
-        fsdp, local = train["fsdp2"], train["torch"]
-        size = f"{work['rows']}×{work['seq_len']} tok"
-        add(
-            f"FSDP2 training step ({size})", "s (median)", fsdp["median_step_s"], local["median_step_s"], "TorchBackend"
-        )
-        add("  training throughput", "tokens/s", fsdp["tokens_per_s"], local["tokens_per_s"], "TorchBackend")
-        mfu = [side["mfu"] * 100 if side["mfu"] is not None else None for side in (fsdp, local)]
-        add(f"  MFU (peak {work['peak_tflops']:g} TFLOP/s)", "%", mfu[0], mfu[1], "TorchBackend")
+    work = result["workload"]
+    for shape, train in result.get("training", {}).items():
+        for micro, sides in train["micro_batches"].items():
+            size = f"{shape}, {work['rows']}×{work['seq_len']} tok, mb {micro}"
+            plain = sides["plain"]
+            for name, label in (("torch", "TorchBackend"), ("torch_mixed", "  fp32 master + bf16"), ("fsdp2", "FSDP2")):
+                side = sides[name]
+                add(f"{label} step ({size})", "tokens/s", side["tokens_per_s"], plain["tokens_per_s"], "plain loop")
+            mfu = {n: sides[n]["mfu"] * 100 if sides[n]["mfu"] is not None else None for n in ("fsdp2", "torch")}
+            add(f"  FSDP2 vs TorchBackend MFU ({size})", "%", mfu["fsdp2"], mfu["torch"], "TorchBackend")
+    offload = result.get("offload")
+    if offload and offload.get("offload_gb_per_s") is not None:
+        add("optimizer offload (pinned)", "GB/s", offload["offload_gb_per_s"], None, "")
+        add("optimizer reload", "GB/s", offload["reload_gb_per_s"], None, "")
     weights = result.get("weights")
     if weights:
         fsdp, local = weights["fsdp2"], weights["torch"]
@@ -481,7 +620,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, help="seconds for the whole run (default 420)")
     parser.add_argument("--rows", type=int, help="training rows per step (default 32)")
     parser.add_argument("--seq-len", type=int, help="tokens per training row (default 1024)")
-    parser.add_argument("--micro-batch", type=int, help="rows per micro-batch (default 4)")
+    parser.add_argument("--micro-batch", type=int, help="rows per micro-batch (default: 4 and 16; 1.5b: 4 and 8)")
+    parser.add_argument("--shapes", help="comma list of model shapes: 0.5b, 1.5b (default both)")
     parser.add_argument("--steps", type=int, help="timed training rounds at most (default 10)")
     parser.add_argument("--repeats", type=int, help="timed extraction and decoding rounds at most (default 3)")
     parser.add_argument("--prompts", type=int, help="decoding batch (default 64)")
@@ -511,23 +651,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "partial": True,
     }
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
-        seconds, (model, params) = timed(lambda: build_model(work, Path(tmp) / "model"), work.device)
-        result["model"] = {"parameters": params, "build_s": seconds, "shape": work.shape}
         init_process_group(work)
         try:
-            seconds, models = timed(lambda: backends(work, model), work.device)
-            result["setup_s"] = seconds
-            result["training"] = measure_training(work, models, params, budget)
-            write(result, args.output)
-            result["weights"], weights = measure_extraction(work, models, budget)
-            result["offload"] = measure_offload(work, models["torch"])
-            write(result, args.output)
-            del models
+            first, weights = None, None
+            for index, shape in enumerate(work.shapes):
+                build = functools.partial(build_model, work, shape, Path(tmp) / shape)
+                seconds, (model, params) = timed(build, work.device)
+                result.setdefault("models", {})[shape] = {"parameters": params, "build_s": seconds}
+                later = len(work.shapes) - index - 1
+                result.setdefault("training", {})[shape] = measure_training(work, shape, model, params, budget, later)
+                write(result, args.output)
+                if index == 0:
+                    first = model
+                    weights = measure_hand_over(work, model, result, budget)
+                    write(result, args.output)
             if work.device.startswith("cuda"):
-                torch.cuda.empty_cache()
                 result["max_memory_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
-            if budget.left() > 0.1 * work.budget_s:
-                result["decoding"] = measure_decoding(work, model, weights, budget)
+            if first is not None and budget.left() > 0.1 * work.budget_s:
+                result["decoding"] = measure_decoding(work, first, weights, budget)
             else:
                 budget.stopped_early.append(f"decoding skipped: {budget.left():.0f} s of the budget left")
         finally:
@@ -539,7 +680,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     env = result["environment"]
     print(f"torch {env['torch']} (CUDA {env['cuda']}), transformers {env['transformers']}, {env.get('gpu', 'CPU')}")
-    print(f"model: {params / 1e6:.1f} M parameters, {work.dtype}; run {result['wall_s']:.0f} s of {work.budget_s:g}\n")
+    sizes = ", ".join(f"{shape} {m['parameters'] / 1e6:.1f} M" for shape, m in result.get("models", {}).items())
+    print(f"models: {sizes} parameters, {work.dtype}; run {result['wall_s']:.0f} s of {work.budget_s:g}\n")
     print(table(result["rows"]))
     for note in budget.stopped_early:
         print(f"budget: {note}")

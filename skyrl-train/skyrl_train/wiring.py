@@ -285,6 +285,7 @@ def loop_settings(config: Config) -> LoopSettings:
         eval_n_samples_per_prompt=g.eval_n_samples_per_prompt,
         seed=t.seed,
         async_mode=t.async_mode,
+        device=t.device,
     )
 
 

@@ -53,16 +53,18 @@ def test_gpu_bench_small_runs_every_phase_without_ray_or_vllm(tmp_path: Path) ->
     assert result["budget"]["stopped_early"] == []
     assert {"torch", "transformers", "cuda"} <= result["environment"].keys()
     work = result["workload"]
-    training = result["training"]
+    training = result["training"]["small"]
     assert training["tokens_per_step"] == work["rows"] * work["seq_len"]
-    for backend in ("fsdp2", "torch"):
-        side = training[backend]
+    sides = training["micro_batches"]["2"]
+    assert set(sides) == {"plain", "torch", "torch_mixed", "fsdp2"}
+    for backend, side in sides.items():
+        assert side["error"] is None, backend
         assert len(side["step_s"]) == work["steps"]
         assert side["median_step_s"] > 0
         assert side["tokens_per_s"] > 0
         assert 0 < side["mfu"] < 1
     weights = result["weights"]
-    assert weights["bytes"] == result["model"]["parameters"] * 4  # fp32, tied embeddings once
+    assert weights["bytes"] == result["models"]["small"]["parameters"] * 4  # fp32, tied embeddings once
     assert weights["fsdp2"]["gb_per_s"] > 0
     assert weights["torch"]["gb_per_s"] > 0
     decoding = result["decoding"]
@@ -75,9 +77,34 @@ def test_gpu_bench_small_runs_every_phase_without_ray_or_vllm(tmp_path: Path) ->
     assert result["offload"]["allocated_gb"] is None
     assert decoding["sleep"]["wake_up_s"] >= 0
     labels = [row["label"] for row in result["rows"]]
-    assert len(labels) == 7
-    assert labels[0].startswith("FSDP2 training step")
-    assert all(row["ours"] is not None for row in result["rows"])
+    assert labels[0].startswith("TorchBackend step (small")
+    assert all(row["baseline"] == sides["plain"]["tokens_per_s"] for row in result["rows"][:3])  # vs the plain loop
+    assert all(row["ours"] is not None for row in result["rows"] if "GB/s" not in row["unit"])
+
+
+def test_train_step_bench_puts_the_backend_beside_the_plain_loop(tmp_path: Path) -> None:
+    out = tmp_path / "train_step_bench.json"
+    script = str(BENCHMARKS / "train_step_bench.py")
+    done = subprocess.run([sys.executable, script, "--quick", "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["summary"]["plain"]["vs_plain"] == 1.0
+    for side in ("torch", "torch_mixed", "fsdp2"):
+        assert result["summary"][side]["vs_plain"] > 0, side
+    assert "vs plain loop" in done.stdout
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_an_example_and_checks_its_metrics(tmp_path: Path) -> None:
+    script = str(BENCHMARKS / "gpu_check.py")
+    argv = [sys.executable, script, "--small", "--no-bench", "--no-fsdp", "--out", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    run = report["runs"]["gsm8k_multi_turn"]
+    assert run["ok"], run
+    assert [step["step"] for step in run["steps"]] == [1, 2]
+    assert all(step["system/device_is_cuda"] == 0.0 for step in run["steps"])
 
 
 @pytest.mark.slow
@@ -85,10 +112,11 @@ def test_gpu_bench_budget_cuts_the_run_short_and_still_writes_its_json(tmp_path:
     result = run_gpu_bench(tmp_path, "--budget-s", "1")
     assert result["partial"] is False
     notes = result["budget"]["stopped_early"]
-    assert any(note.startswith("training: 0 of") for note in notes), notes
+    assert any(note.startswith("training small mb2: 0 of") for note in notes), notes
     assert any(note.startswith("decoding skipped") for note in notes), notes
-    assert result["training"]["fsdp2"]["step_s"] == []
-    assert result["training"]["fsdp2"]["mfu"] is None
+    fsdp = result["training"]["small"]["micro_batches"]["2"]["fsdp2"]
+    assert fsdp["step_s"] == []
+    assert fsdp["mfu"] is None
     assert "decoding" not in result
 
 

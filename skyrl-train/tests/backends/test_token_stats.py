@@ -36,9 +36,7 @@ def _full(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_values_and_gradients_equal_the_full_computation(chunk: int, temperature: float) -> None:
     hidden, weight, bias, targets = _inputs()
-    stats = token_stats(
-        hidden, weight, bias, targets, temperature=temperature, with_entropy=True, chunk_size=chunk
-    )
+    stats = token_stats(hidden, weight, bias, targets, temperature=temperature, with_entropy=True, chunk_size=chunk)
     log_probs, entropy = _full(hidden, weight, bias, targets, temperature)
     torch.testing.assert_close(stats[:, 0], log_probs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(stats[:, 1], entropy, rtol=1e-5, atol=1e-5)
@@ -55,7 +53,8 @@ def test_log_probs_alone_and_empty_input() -> None:
     hidden, weight, bias, targets = _inputs()
     assert token_stats(hidden, weight, bias, targets, chunk_size=8).shape == (37, 1)
     empty = token_stats(hidden[:0], weight, bias, targets[:0], with_entropy=True, chunk_size=8)
-    assert empty.shape == (0, 2) and empty.dtype == torch.float32
+    assert empty.shape == (0, 2)
+    assert empty.dtype == torch.float32
 
 
 def _saved_bytes(chunk: int) -> int:
@@ -120,16 +119,19 @@ def _backend(model_dir: Path, chunk: int) -> TorchBackend:
 def test_backend_chunked_and_full_paths_agree(small_model_dir: Path, make_batch: Any, sft_loss: Any) -> None:
     batch = make_batch([3, 5, 2], [6, 4, 7])
     chunked, full = _backend(small_model_dir, 5), _backend(small_model_dir, 0)
-    assert chunked._chunked and not full._chunked
+    assert chunked._chunked
+    assert not full._chunked
     a = chunked.forward(batch, temperature=0.8, with_entropy=True)
     b = full.forward(batch, temperature=0.8, with_entropy=True)
     torch.testing.assert_close(a.log_probs, b.log_probs, rtol=1e-5, atol=1e-5)
-    assert a.entropy is not None and b.entropy is not None
+    assert a.entropy is not None
+    assert b.entropy is not None
     torch.testing.assert_close(a.entropy, b.entropy, rtol=1e-5, atol=1e-5)
     chunked.forward_backward(batch, sft_loss)
     full.forward_backward(batch, sft_loss)
     for (name, p), q in zip(chunked.model.named_parameters(), full.model.parameters(), strict=True):
-        assert p.grad is not None and q.grad is not None, name
+        assert p.grad is not None, name
+        assert q.grad is not None, name
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
