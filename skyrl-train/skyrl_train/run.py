@@ -238,6 +238,8 @@ class _Session:
             sink=self.tracker,
             compute=compute,
             weight_sync=self._weight_sync(policy, built, engine),
+            # set by _weight_sync just above: a catch-up push waits for the policy's update to end
+            update_guard=self.broadcast.updating if self.broadcast is not None else None,
             handover=self._handover(built, policy, critic),
             timeline=self.timeline,
         )

@@ -14,11 +14,27 @@ models, engines or Ray:
 
 A bucket is one collective and one buffer: big enough that per-call latency does not dominate, small enough that
 the sender never holds more than one bucket beyond the tensors themselves.
+
+Failures. A member that dies in the middle of a collective is not noticed by the others (gloo's send to it waits
+for the transport's timeout; NCCL never notices). So no member waits blindly: each polls its collective, and gives
+up with :class:`BroadcastAborted` when
+
+- whoever watches the members (the driver, which learns of a dead Ray actor at once) calls :func:`abort` with the
+  group's address: it leaves a mark in the group's store that every member checks while it waits, or
+- rank 0 has waited :meth:`SendTimeout.seconds` for a bucket (a fixed allowance plus the bytes at a floor rate;
+  the other ranks wait ``GroupAddress.timeout_s``: they also wait while rank 0 gathers the next bucket).
+
+A member that gave up lets the group go: a collective cannot be cancelled under gloo, and dropping a group waits
+for its running collective, so a background thread holds the group until the transport's own timeout (twice the
+wait) ends it. Form a new group, at a new address, to send again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,11 +43,45 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore  # torch.distributed's own, by their typed home
 
-__all__ = ["BroadcastGroup", "BucketPlan", "GroupAddress", "TensorSpec", "join", "plan_buckets", "specs_of"]
+__all__ = [
+    "BroadcastAborted",
+    "BroadcastGroup",
+    "BucketPlan",
+    "GroupAddress",
+    "SendTimeout",
+    "TensorSpec",
+    "abort",
+    "join",
+    "plan_buckets",
+    "specs_of",
+]
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 ALIGN = 16  # every tensor starts at a multiple of this in its bucket: viewing bytes as a dtype needs alignment
 DistBackend = Literal["gloo", "nccl"]
+STORE_PREFIX = "skyrl-broadcast"  # the group's keys in its store, beside the process group's own
+ABORT_KEY = "abort"  # set by abort(): every member stops waiting
+ABORT_CONNECT_S = 5.0  # for abort() to reach the store (it is gone with rank 0: the group is over then anyway)
+POLL_S = (0.0005, 0.05)  # a waiting member checks its collective first this often, backing off to this
+
+
+class BroadcastAborted(RuntimeError):
+    """A member stopped waiting for a collective: :func:`abort` was called, or rank 0 ran out of time.
+
+    The group is unusable afterwards: form a new one (a new address) and send again.
+    """
+
+
+@dataclass(frozen=True)
+class SendTimeout:
+    """How long rank 0 waits for one bucket's collective before it gives up on the group."""
+
+    base_s: float = 30.0  # for every receiver to reach the collective (they wait for the sender, not it for them)
+    min_bytes_per_s: float = 25e6  # a floor far below any link the group runs on (loopback, Ethernet, NVLink)
+
+    def seconds(self, nbytes: int) -> float:
+        """The wait for a bucket of ``nbytes`` bytes."""
+        return self.base_s + nbytes / self.min_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -83,7 +133,8 @@ class GroupAddress:
     port: int
     world_size: int
     backend: DistBackend = "gloo"
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # joining, and each receiver's wait for a bucket
+    send_timeout: SendTimeout = SendTimeout()  # rank 0's wait for a bucket
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -116,10 +167,13 @@ def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET
 class BroadcastGroup:
     """One member of a broadcast group (rank 0 sends, the others receive). Made by :func:`join`."""
 
-    def __init__(self, group: Any, rank: int, world_size: int, device: torch.device, store: object) -> None:
+    def __init__(self, group: Any, rank: int, device: torch.device, store: TCPStore, address: GroupAddress) -> None:
         # group: a ProcessGroupGloo or ProcessGroupNCCL (their stubs share no usable base type)
-        self.group, self.rank, self.world_size, self.device = group, rank, world_size, device
+        self.group, self.rank, self.world_size, self.device = group, rank, address.world_size, device
+        self.address = address
         self._store = store  # rank 0 hosts the store: it must live as long as the group
+        self._signals = PrefixStore(STORE_PREFIX, store)
+        self._abandoned = False  # gave up on a collective: the group belongs to a background thread now
 
     def send(self, plan: BucketPlan, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
         """Broadcast ``tensors`` (rank 0), which must come in ``plan``'s order; return the bytes sent.
@@ -161,17 +215,83 @@ class BroadcastGroup:
         return out
 
     def _broadcast(self, buffer: torch.Tensor) -> None:
+        if self._abandoned:
+            raise BroadcastAborted("this member gave up on the group earlier: form a new one")
         if buffer.numel() == 0:
             return  # an empty bucket (zero-sized tensors only): nothing to move
+        wait_s = self._patience(buffer.numel())
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self.group.broadcast([buffer], options).wait()
+        # The transport's own limit comes after ours: it only ends a collective this member has stopped waiting for.
+        options.timeout = datetime.timedelta(seconds=2 * wait_s)
+        self._wait(self.group.broadcast([buffer], options), wait_s)
+
+    def _patience(self, nbytes: int) -> float:
+        """Seconds this member waits for a bucket of ``nbytes`` (see the module docstring)."""
+        return self.address.send_timeout.seconds(nbytes) if self.rank == 0 else self.address.timeout_s
+
+    def _wait(self, work: Any, wait_s: float) -> None:
+        """Return once ``work`` is done (raising its error); raise :class:`BroadcastAborted` on an abort or timeout."""
+        start = time.monotonic()
+        pause = POLL_S[0]
+        while not work.is_completed():
+            if self._abort_requested():
+                self._abandon(work)
+                raise BroadcastAborted(f"rank {self.rank}: the group at {self.address} was aborted")
+            if time.monotonic() - start > wait_s:
+                self._abandon(work)
+                raise BroadcastAborted(f"rank {self.rank}: a bucket took over {wait_s:.0f} s: a member is gone?")
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_S[1])
+        work.wait()
+
+    def _abort_requested(self) -> bool:
+        try:
+            return bool(self._signals.check([ABORT_KEY]))
+        except RuntimeError:  # the store went with rank 0: nothing more will be sent
+            return True
+
+    def _abandon(self, work: Any) -> None:
+        """Hand the group to a thread that drops it once ``work`` ends (dropping it now would wait for that)."""
+        self._abandoned = True
+        self.group.abort()  # NCCL: ends the collective now; gloo: ends with the transport's timeout
+        threading.Thread(target=_release, args=(self.group, work), name="broadcast-release", daemon=True).start()
 
     def close(self) -> None:
         """Leave the group (its connections close; a member that is still waiting fails)."""
+        if self._abandoned:
+            return  # the release thread drops it
         shutdown = getattr(self.group, "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def _release(group: Any, work: Any) -> None:
+    """Hold ``group`` until its abandoned collective ``work`` ends, then drop it (in this thread)."""
+    with contextlib.suppress(RuntimeError):  # the failure was reported when the member gave up (BroadcastAborted)
+        work.wait()
+    del group
+
+
+def abort(address: GroupAddress) -> bool:
+    """Make every member of the group at ``address`` stop waiting (:class:`BroadcastAborted`); whether it got there.
+
+    For whoever notices a member die first. Returns False when the group's store is gone (rank 0 died: the others
+    then give up on their own).
+    """
+    try:
+        store = TCPStore(
+            address.host,
+            address.port,
+            None,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=ABORT_CONNECT_S),
+            wait_for_workers=False,
+        )
+        PrefixStore(STORE_PREFIX, store).set(ABORT_KEY, "1")
+    except RuntimeError:
+        return False
+    return True
 
 
 def join(address: GroupAddress, rank: int) -> BroadcastGroup:
@@ -186,7 +306,7 @@ def join(address: GroupAddress, rank: int) -> BroadcastGroup:
     store = TCPStore(
         address.host, address.port, address.world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
     )
-    prefixed = PrefixStore("skyrl-broadcast", store)
+    prefixed = PrefixStore(STORE_PREFIX, store)
     if address.backend == "nccl":
         if not torch.cuda.is_available():
             raise RuntimeError("a NCCL broadcast group needs a CUDA device in every member: use gloo on CPU")
@@ -197,7 +317,7 @@ def join(address: GroupAddress, rank: int) -> BroadcastGroup:
     else:
         device = torch.device("cpu")
         group = dist.ProcessGroupGloo(prefixed, rank, address.world_size, timeout)
-    return BroadcastGroup(group, rank, address.world_size, device, store)
+    return BroadcastGroup(group, rank, device, store, address)
 
 
 def _check(spec: TensorSpec, name: str, tensor: torch.Tensor) -> None:

@@ -49,11 +49,13 @@ old log-probs before the update, so it does too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
@@ -177,6 +179,9 @@ class Trainer:
     # How the policy's weights reach the engine; None: engine.update_weights(policy.get_weights()). A run on Ray
     # workers passes skyrl_train.inference.broadcast_sync.BroadcastSync.push (rank 0 straight to the engines).
     weight_sync: Callable[[], Awaitable[object]] | None = None
+    # Held while the policy's ranks prepare and update, given the version the update makes: a weight push (an
+    # engine that restarted mid-update being caught up) waits for it (BroadcastSync.updating). None: nothing held.
+    update_guard: Callable[[int], AbstractAsyncContextManager[object]] | None = None
     # Colocated roles taking turns with one device's memory (skyrl_train.handover.ColocatedHandover); None: each
     # role keeps its memory.
     handover: Handover | None = None
@@ -259,6 +264,12 @@ class Trainer:
         output = await self.generator.generate(request)
         return make_group(output, self.pad_token_id, index=index, admitted=version)
 
+    def _updating(self) -> AbstractAsyncContextManager[object]:
+        """The update guard for the version this step's update makes (nothing without a guard)."""
+        if self.update_guard is None:
+            return contextlib.nullcontext()
+        return self.update_guard(self.global_step + 1)
+
     async def _learn(self, experience: Experience, metrics: Metrics, timings: Metrics, step_start: float) -> Metrics:
         """The rest of a step once its experience is ready: update, weight sync, metrics (see the module docstring)."""
         if self.handover is not None:
@@ -266,15 +277,16 @@ class Trainer:
             with span_on(self.timeline, "sync", "hand-over"):
                 await self.handover.to_training()
             timings["timing/handover_s"] = time.monotonic() - start
-        start = time.monotonic()
-        reuse = self._reuses_update_forward(experience)
-        with span_on(self.timeline, "trainer", "prepare"):
-            await self._computed(self._prepare, experience, metrics, old_log_probs=not reuse)
-        timings["timing/prepare_s"] = time.monotonic() - start
-        start = time.monotonic()
-        with span_on(self.timeline, "trainer", "update"):
-            metrics.update(await self._computed(self._update, experience, reuse_forward=reuse))
-        timings["timing/update_s"] = time.monotonic() - start
+        async with self._updating():
+            start = time.monotonic()
+            reuse = self._reuses_update_forward(experience)
+            with span_on(self.timeline, "trainer", "prepare"):
+                await self._computed(self._prepare, experience, metrics, old_log_probs=not reuse)
+            timings["timing/prepare_s"] = time.monotonic() - start
+            start = time.monotonic()
+            with span_on(self.timeline, "trainer", "update"):
+                metrics.update(await self._computed(self._update, experience, reuse_forward=reuse))
+            timings["timing/update_s"] = time.monotonic() - start
         if self.handover is not None:
             start = time.monotonic()
             with span_on(self.timeline, "sync", "hand-over"):

@@ -14,16 +14,25 @@ engine in the driver's own process (:class:`LocalReceiver`, one rank). The bucke
 weights' names, shapes and dtypes. The sender belongs to one group at a time: a sync whose sender has joined
 another sync's group since forms its own again before sending.
 
-Failures. A member that dies breaks the group. A sync that fails waits for the engines to be back (Ray restarts
-a dead engine actor), forms the group again and sends once more; a second failure raises. An engine that restarted
-between syncs is caught up the same way, through the group's ``reloader``.
+Failures. A member that dies breaks the group. The driver learns of a dead actor at once (its call fails) and
+aborts the group (:func:`skyrl_train.tensor_broadcast.abort`), so the members still waiting in a collective give
+up then, not on a timeout. A sync that fails waits for the engines to be back (Ray restarts a dead engine actor),
+forms the group again and sends once more; a second failure raises. An engine that restarted between syncs is
+caught up the same way, through the group's ``reloader``.
+
+Updates. A push reads the sender's weights on every rank, so it must not run while the trainer changes them (in
+``one_step_off`` and ``fully_async`` the engines generate, and may die, during the update): the trainer holds
+:meth:`BroadcastSync.updating` around the work it gives the policy's ranks, and a push waits for it to end (and an
+update for a push to end). A reload asked for meanwhile then sends the updated weights, stamped with the update's
+policy version on engines that record one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from typing import Literal, Protocol
 
 import ray
@@ -72,8 +81,12 @@ class BroadcastReceiver(Protocol):
         """Join the group at ``address`` as ranks ``first_rank`` onwards."""
         ...
 
-    async def receive_broadcast(self, plan: BucketPlan) -> None:
-        """Receive the weights sent under ``plan`` and load them."""
+    async def receive_broadcast(self, plan: BucketPlan, policy_version: int | None = None) -> None:
+        """Receive the weights sent under ``plan`` and load them.
+
+        ``policy_version``: the policy version of those weights (None: not known here), for engines that stamp it
+        on the tokens they sample.
+        """
         ...
 
 
@@ -93,8 +106,12 @@ class LocalReceiver:
         self.group = None
         self.group = await asyncio.to_thread(join, address, first_rank)
 
-    async def receive_broadcast(self, plan: BucketPlan) -> None:
-        """Receive the weights sent under ``plan`` and load them into the engine."""
+    async def receive_broadcast(self, plan: BucketPlan, policy_version: int | None = None) -> None:
+        """Receive the weights sent under ``plan`` and load them into the engine.
+
+        ``policy_version`` is not used: only the trainer's sync pushes to an engine in its process, and it sets the
+        version itself.
+        """
         if self.group is None:
             raise RuntimeError("receive_broadcast before join_broadcast")
         weights = await asyncio.to_thread(self.group.receive, plan)
@@ -119,30 +136,62 @@ class BroadcastSync:
         self.sender, self.receiver, self.backend, self.bucket_bytes = sender, receiver, backend, bucket_bytes
         self.plan: BucketPlan | None = None
         self.address: GroupAddress | None = None  # where the group was last formed (None: form it first)
-        self._sending = asyncio.Lock()
+        # Held by a push and by the trainer's update: the sender's weights are read, or changed, by one at a time.
+        self._weights_in_use = asyncio.Lock()
+        self.policy_version: int | None = None  # of the sender's weights, once an update has said (updating)
         self.reforms = 0  # times the group was formed again after a failure
         if hasattr(receiver, "reloader"):
             receiver.reloader = self._reload  # an engine that restarted between syncs is caught up by a new push
 
+    @asynccontextmanager
+    async def updating(self, policy_version: int) -> AsyncIterator[None]:
+        """Hold around work that changes the sender's weights into ``policy_version`` (the trainer's update).
+
+        Waits for a running push to end; a push asked for inside (a reload) waits for the block to end, then sends
+        the new weights as ``policy_version``. An update that raises leaves the version as it was.
+        """
+        async with self._weights_in_use:
+            yield
+            self.policy_version = policy_version
+
     async def push(self) -> int:
-        """Send the current weights to every receiver; the bytes sent. Retries once after a failure."""
-        async with self._sending:
-            try:
-                return await self._push()
-            except ray.exceptions.RayError as error:
-                logger.warning("weight broadcast failed (%s); forming the group again", type(error).__name__)
-                self.address = None
-                self.reforms += 1
-                wait_alive = getattr(self.receiver, "wait_alive", None)
-                if wait_alive is not None:
-                    await wait_alive()
-                return await self._push()
+        """Send the current weights to every receiver; the bytes sent. Retries once after a failure.
+
+        Waits while an update holds :meth:`updating`.
+        """
+        async with self._weights_in_use:
+            return await self._push_retrying()
 
     async def _reload(self) -> None:
-        """Send again after an engine restarted: its old incarnation's membership went with it."""
-        self.address = None
+        """Send again after an engine restarted (waits while an update holds :meth:`updating`)."""
+        self.reforms += 1  # counted when asked for: an update may hold the reload back a while
+        async with self._weights_in_use:
+            self.address = None  # the old incarnation's membership went with it
+            await self._push_retrying()
+
+    async def _push_retrying(self) -> int:
+        """One push; after a Ray failure (a member died), one more once the engines are back."""
+        try:
+            return await self._push_or_abort()
+        except ray.exceptions.RayError as error:
+            logger.warning("weight broadcast failed (%s); forming the group again", type(error).__name__)
         self.reforms += 1
-        await self.push()
+        wait_alive = getattr(self.receiver, "wait_alive", None)
+        if wait_alive is not None:
+            await wait_alive()
+        return await self._push_or_abort()
+
+    async def _push_or_abort(self) -> int:
+        """One push; on a failure, the members still waiting in the group are released and the group is dropped."""
+        try:
+            return await self._push()
+        except Exception:
+            address, self.address = self.address, None
+            if address is not None:
+                from skyrl_train.tensor_broadcast import abort
+
+                await asyncio.to_thread(abort, address)
+            raise
 
     async def _push(self) -> int:
         if self.plan is None:
@@ -150,11 +199,13 @@ class BroadcastSync:
         if self.address is not None and not await self.sender.in_broadcast_group(self.address):
             self.address = None  # another sync took the sender over since: its receivers are no longer ours
         if self.address is None:
-            address = self.sender.broadcast_address(1 + self.receiver.num_receivers, self.backend)
-            await _first_failure(self.sender.join_broadcast(address), self.receiver.join_broadcast(address, 1))
-            self.address = address
+            self.address = self.sender.broadcast_address(1 + self.receiver.num_receivers, self.backend)
+            await _first_failure(
+                self.sender.join_broadcast(self.address), self.receiver.join_broadcast(self.address, 1)
+            )
         sent, _ = await _first_failure(
-            self.sender.broadcast_weights(self.plan, self.address), self.receiver.receive_broadcast(self.plan)
+            self.sender.broadcast_weights(self.plan, self.address),
+            self.receiver.receive_broadcast(self.plan, self.policy_version),
         )
         assert isinstance(sent, int)
         return sent

@@ -17,11 +17,13 @@ trainer and the generator see one engine:
   with ``resume``, so each records it on the tokens it samples from then on.
 
 Failures. An engine actor that dies (its process killed, out of memory) is restarted by Ray (up to
-``max_restarts`` times); a request that was running on it is sent again once the actor is back, after the actor
-has been given the latest weights (a restarted engine starts from ``model_path``): from the object store, or, when
-the weights came by broadcast, by :attr:`EngineGroup.reloader` (which forms the group again and re-sends). Every
+``max_restarts`` times). The new incarnation starts from ``model_path``'s weights, so it serves nothing until it
+has the latest ones: every request carries the group's weight version, and a restarted actor that holds an older
+one refuses it (:class:`EngineRestartedError`). A request refused so, or running on the actor when it died, is
+sent again once the actor is back and has been given the latest weights: from the object store, or, when the
+weights came by broadcast, by :attr:`EngineGroup.reloader` (which forms the group again and re-sends). Every
 update has a version and every engine the version it loaded, so one restart reloads once however many requests
-were running on the dead engine. A second failure of the same request raises.
+reach the restarted engine. A second failure of the same request raises.
 
 Ray must be initialised first (``skyrl_train.backends.ray_group.ensure_ray`` does it for a run).
 """
@@ -37,12 +39,17 @@ import ray
 import torch
 
 from skyrl_train.inference.base import GenerationOutput, SamplingParams, SleepingEngine
+from skyrl_train.inference.concurrency import paused_during
 from skyrl_train.inference.factory import EngineKind
 from skyrl_train.inference.routing import PrefixRouter, RouterConfig
 from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddress
 from skyrl_train.timeline import Timeline
 
-__all__ = ["EngineGroup"]
+__all__ = ["EngineGroup", "EngineRestartedError"]
+
+
+class EngineRestartedError(RuntimeError):
+    """An engine actor that Ray restarted was asked to generate before it had loaded the group's latest weights."""
 
 
 class _EngineActor:
@@ -53,16 +60,30 @@ class _EngineActor:
 
         self.engine = create_engine(kind, model_path, **options)
         self.version = 0  # the weight update this engine holds (0: model_path's weights, as after a restart)
+        # A restart runs __init__ again: this incarnation's weights are model_path's, whatever the group sent since.
+        self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self.broadcast: BroadcastGroup | None = None
 
     async def generate(
-        self, prompts: list[list[int]], params: SamplingParams, policy_version: int | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        policy_version: int | None = None,
+        weights_version: int | None = None,
     ) -> list[GenerationOutput]:
         """The engine's completions.
 
         ``policy_version``: the group's, taken by an engine that records per-token versions but has none yet (new,
-        or restarted); later ones arrive with :meth:`resume`.
+        or restarted); later ones arrive with :meth:`resume`. ``weights_version``: the group's latest weight update.
+
+        Raises:
+            EngineRestartedError: this is a restarted actor holding an older update than ``weights_version``
+                (the group loads the latest into it and sends the request again).
         """
+        if self.restarted and weights_version is not None and self.version < weights_version:
+            # Only a restarted actor refuses: a live one that is behind is loading the update (under the caller's
+            # pause), while a restarted one would serve model_path's weights with nothing to correct it.
+            raise EngineRestartedError(f"restarted with update {self.version}, the group is at {weights_version}")
         if policy_version is not None and getattr(self.engine, "policy_version", 0) is None:
             await self.set_policy_version(policy_version)
         return await self.engine.generate(prompts, params)
@@ -74,8 +95,21 @@ class _EngineActor:
     async def loaded_version(self) -> int:
         return self.version
 
-    async def update_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
-        await self.engine.update_weights(weights)
+    async def update_weights(
+        self, weights: list[tuple[str, torch.Tensor]], version: int, policy_version: int | None = None
+    ) -> None:
+        """Load the weights of group update ``version``.
+
+        An engine that records per-token versions stamps ``policy_version`` (when given) on the tokens it samples
+        from then on.
+        """
+        if policy_version is None or not getattr(self.engine, "pauses_at_token_boundary", False):
+            await self.engine.update_weights(weights)
+        else:
+            # Such engines have a pause state; paused, no token falls between the new weights and their version.
+            async with paused_during(self.engine):  # type: ignore[arg-type]
+                await self.engine.update_weights(weights)
+                await self.set_policy_version(policy_version)
         self.version = version
 
     async def sleep(self) -> None:
@@ -94,13 +128,13 @@ class _EngineActor:
         self.broadcast = None
         self.broadcast = await asyncio.to_thread(join, address, rank)
 
-    async def receive_broadcast(self, plan: BucketPlan, version: int) -> None:
-        """Receive the weights rank 0 sends under ``plan`` and load them (generation held meanwhile by the caller)."""
+    async def receive_broadcast(self, plan: BucketPlan, version: int, policy_version: int | None = None) -> None:
+        """Receive the weights rank 0 sends under ``plan`` and load them as :meth:`update_weights` does."""
         group = self.broadcast
         if group is None:
             raise RuntimeError("receive_broadcast before join_broadcast")
         weights = await asyncio.to_thread(group.receive, plan)
-        await self.update_weights(weights, version)
+        await self.update_weights(weights, version, policy_version)
 
     async def pause(self) -> None:
         await self.engine.pause()
@@ -184,16 +218,22 @@ class EngineGroup:
         start = self.timeline.now() if self.timeline is not None else 0.0
         try:
             try:
-                (output,) = await self.engines[engine].generate.remote([prompt], params, self.policy_version)
-            except ray.exceptions.RayActorError:
+                output = await self._sent(engine, prompt, params)
+            except (ray.exceptions.RayActorError, EngineRestartedError):
                 self.restarts += 1
                 await self._restored(engine)
-                (output,) = await self.engines[engine].generate.remote([prompt], params, self.policy_version)
+                output = await self._sent(engine, prompt, params)
         finally:
             self.router.finished(engine, prompt + (output.token_ids if output is not None else []))
             if self.timeline is not None:
                 self.timeline.record(f"engine {engine}", "generate", start, self.timeline.now())
         return output
+
+    async def _sent(self, engine: int, prompt: list[int], params: SamplingParams) -> GenerationOutput:
+        """``prompt``'s completion by engine ``engine``, which must hold the group's latest weights."""
+        handle = self.engines[engine]
+        (output,) = await handle.generate.remote([prompt], params, self.policy_version, self.version)
+        return output  # type: ignore[no-any-return]  # the actor's return type is lost in the remote call
 
     async def _restored(self, engine: int) -> None:
         """Wait until a dead engine's actor is back (Ray restarts it), then give it the latest weights."""
@@ -201,11 +241,11 @@ class EngineGroup:
         await self.catch_up()
 
     @staticmethod
-    async def _alive(handle: Any) -> None:
+    async def _alive(handle: Any) -> int:
+        """The update the engine holds, once its actor answers (after a restart, if it is in one)."""
         for _ in range(600):  # the restart runs the actor's __init__ again: a model load
             try:
-                await handle.loaded_version.remote()
-                return
+                return int(await handle.loaded_version.remote())
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 await asyncio.sleep(0.5)
         raise RuntimeError("an engine actor did not come back within 5 minutes of its restart")
@@ -217,7 +257,8 @@ class EngineGroup:
     async def catch_up(self) -> None:
         """Give the latest weights to every engine that lacks them (one that restarted); one caller at a time."""
         async with self._catching_up:
-            versions = await asyncio.gather(*(handle.loaded_version.remote() for handle in self.engines))
+            # Another engine may be restarting too (several died at once): wait for it, it needs the weights as well.
+            versions = await asyncio.gather(*(self._alive(handle) for handle in self.engines))
             stale = [index for index, version in enumerate(versions) if version != self.version]
             if not stale:
                 return
@@ -250,11 +291,18 @@ class EngineGroup:
             *(engine.join_broadcast.remote(address, first_rank + i) for i, engine in enumerate(self.engines))
         )
 
-    async def receive_broadcast(self, plan: BucketPlan) -> None:
-        """Every engine receives the weights sent under ``plan`` and loads them."""
+    async def receive_broadcast(self, plan: BucketPlan, policy_version: int | None = None) -> None:
+        """Every engine receives the weights sent under ``plan`` and loads them.
+
+        ``policy_version``: those weights' policy version; when the group tracks one (:attr:`policy_version` is
+        set), it becomes the group's and each engine records it on the tokens it samples after the load.
+        """
         self._weights = None  # the broadcast weights are newer than any object-store copy
         self.version += 1
-        await asyncio.gather(*(engine.receive_broadcast.remote(plan, self.version) for engine in self.engines))
+        stamp = policy_version if self.policy_version is not None else None
+        if stamp is not None:
+            self.policy_version = stamp
+        await asyncio.gather(*(engine.receive_broadcast.remote(plan, self.version, stamp) for engine in self.engines))
 
     async def pause(self) -> None:
         """Hold new generation on every engine (one that is restarting is paused once it is back)."""
