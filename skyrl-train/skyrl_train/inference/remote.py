@@ -16,7 +16,8 @@ Control plane (needs a vLLM server started with ``VLLM_SERVER_DEV_MODE=1`` and
 ``RemoteEngineConfig(dev_mode=True)``): ``pause``/``resume`` call ``POST /pause`` and ``POST /resume``;
 ``update_weights`` writes a safetensors file under ``/dev/shm`` (``transfer_dir``: the server must be able to
 read that path, so the same host or a shared filesystem) and calls ``POST /collective_rpc`` with method
-``skyrl_load_weights_from_file``. Without dev mode, ``pause``/``resume`` only hold this client's own requests
+``skyrl_load_weights_from_file``, then ``POST /reset_prefix_cache`` so that no prompt is continued from keys and
+values cached under the old weights. Without dev mode, ``pause``/``resume`` only hold this client's own requests
 and ``update_weights`` raises :class:`WeightUpdateUnsupportedError`.
 
 Exceptions::
@@ -140,7 +141,11 @@ class RemoteEngine:
         return [parse_completion(answer, want_logprobs=params.logprobs) for answer in answers]
 
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send new weights through a shared file and the server's ``/collective_rpc`` (dev mode only)."""
+        """Send new weights through a shared file and the server's ``/collective_rpc``, then reset its prefix cache.
+
+        Dev mode only. This client's later ``generate`` calls run on the new weights with nothing cached from the
+        old ones; raises :class:`RemoteEngineError` if the server cannot reset its prefix cache.
+        """
         if not self.config.dev_mode:
             raise WeightUpdateUnsupportedError(
                 "update_weights needs a vLLM server started with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
@@ -148,7 +153,7 @@ class RemoteEngine:
             )
         path = await asyncio.to_thread(save_weights, weights, transfer_path(self.config.transfer_dir))
         try:
-            async with self._gate.quiesced():
+            async with self._gate.quiesced():  # no request of ours may start between the load and the reset
                 body = {"method": "skyrl_load_weights_from_file", "args": [str(path)]}
                 try:
                     await self._post("/collective_rpc", body)
@@ -156,8 +161,25 @@ class RemoteEngine:
                     if exc.status == 404:
                         raise WeightUpdateUnsupportedError(f"{self.base_url} has no /collective_rpc route") from exc
                     raise
+                await self._reset_prefix_cache()
         finally:
             path.unlink(missing_ok=True)
+
+    async def _reset_prefix_cache(self) -> None:
+        """Make the server forget the KV cache computed with the previous weights (dev-mode ``/reset_prefix_cache``).
+
+        Cached blocks are keyed by their tokens, not by the weights that computed them: a prompt sharing a cached
+        prefix would otherwise be continued from the old weights' keys and values. Requests running on the server
+        are preempted and recompute their cache with the new weights when next scheduled. A paused vLLM server
+        clears its cache itself on ``/pause``; ``update_weights`` does not rely on being called inside one.
+        Raises :class:`RemoteEngineError` when the server reports that the reset failed.
+        """
+        answer = await self._post("/reset_prefix_cache", None, query={"reset_running_requests": "true"})
+        if not (isinstance(answer, dict) and answer.get("success") is True):
+            raise RemoteEngineError(
+                f"{self.base_url}/reset_prefix_cache did not reset the prefix cache after new weights were loaded "
+                f"(answer: {str(answer)[:300]}); generation would reuse keys and values of the old weights"
+            )
 
     async def pause(self) -> None:
         """Hold this client's new requests, wait for its running ones, then pause the server (dev mode)."""

@@ -93,9 +93,10 @@ class CompletionsServer:
 
     Implements what the remote engine uses of vLLM's server: ``GET /v1/models``, ``POST /v1/completions`` with
     token-id prompts (``return_token_ids``, ``return_tokens_as_token_ids``, ``logprobs``), and the dev routes
-    ``/pause``, ``/resume``, ``/collective_rpc`` (method ``skyrl_load_weights_from_file``). ``fail_next``
-    answers that many completion requests with 503 first, to exercise client retries; ``stall_s`` holds every
-    completion request that long before answering it, to exercise client timeouts.
+    ``/pause``, ``/resume``, ``/collective_rpc`` (method ``skyrl_load_weights_from_file``) and
+    ``/reset_prefix_cache``. ``fail_next`` answers that many completion requests with 503 first, to exercise
+    client retries; ``stall_s`` holds every completion request that long before answering it, to exercise client
+    timeouts.
     """
 
     def __init__(self, engine: LocalEngine, model_name: str = "tiny") -> None:
@@ -131,6 +132,7 @@ class CompletionsServer:
         app.router.add_post("/pause", self._pause)
         app.router.add_post("/resume", self._resume)
         app.router.add_post("/collective_rpc", self._collective_rpc)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -183,6 +185,12 @@ class CompletionsServer:
         self.control_calls.append("resume")
         await self.engine.resume()
         return web.json_response({"status": "resumed"})
+
+    async def _reset_prefix_cache(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.control_calls.append("reset_prefix_cache")  # a LocalEngine keeps no prefix cache to reset
+        return web.json_response({"success": True})
 
     async def _collective_rpc(self, request: Any) -> Any:
         from aiohttp import web

@@ -154,7 +154,12 @@ def test_dev_mode_pause_resume_and_weight_update(
             completions_server.control_calls.clear()
             seconds = await sync_weights(weights, engine)
             assert seconds > 0
-            assert completions_server.control_calls == ["pause:wait", "rpc:skyrl_load_weights_from_file", "resume"]
+            assert completions_server.control_calls == [
+                "pause:wait",
+                "rpc:skyrl_load_weights_from_file",
+                "reset_prefix_cache",
+                "resume",
+            ]
             assert list(tmp_path.iterdir()) == []  # the transfer file is removed afterwards
             outputs = await engine.generate(prompts, params)
             for prompt, out in zip(prompts, outputs, strict=True):
