@@ -129,6 +129,7 @@ class Workload:
     peak_tflops: float = 989.0  # dense bf16 peak of the GPU (H200), the MFU denominator
     budget_s: float = 420.0  # the whole run, model build included
     seed: int = 0
+    sides: tuple[str, ...] = SIDES  # which of SIDES the training phase times
 
 
 def workload_of(args: argparse.Namespace) -> Workload:
@@ -335,7 +336,7 @@ def measure_training(
     out: dict[str, Any] = {"tokens_per_step": tokens, "parameters": params, "micro_batches": {}}
     for micro in micro_batches(work, shape):
         sides, calls, errors = {}, {}, {}
-        for name in SIDES:
+        for name in work.sides:
             try:
                 sides[name] = build_side(work, name, model, micro)
             except torch.cuda.OutOfMemoryError as exc:
@@ -378,7 +379,7 @@ def _step_stats(
     work: Workload, steps: dict[str, list[float]], tokens: int, params: int, errors: dict[str, str]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in SIDES:
+    for name in work.sides:
         seconds = [s for s in steps.get(name, []) if s == s]  # NaN: the side failed
         median = statistics.median(seconds) if seconds else None
         out[name] = {

@@ -85,7 +85,8 @@ def test_gpu_bench_small_runs_every_phase_without_ray_or_vllm(tmp_path: Path) ->
 def test_train_step_bench_puts_the_backend_beside_the_plain_loop(tmp_path: Path) -> None:
     out = tmp_path / "train_step_bench.json"
     script = str(BENCHMARKS / "train_step_bench.py")
-    done = subprocess.run([sys.executable, script, "--quick", "--output", str(out)], capture_output=True, text=True)
+    argv = [sys.executable, script, "--quick", "--mixed", "--output", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["summary"]["plain"]["vs_plain"] == 1.0
