@@ -135,6 +135,7 @@ def backend_config(
     ``trainable=False`` (the reference model) turns off gradient checkpointing and LoRA. ``total_steps`` (training
     steps) sizes the learning-rate schedule; the ``linear`` and ``cosine`` schedules need it.
     """
+    config = resolve(config)  # trainer.device is derived
     m, o, t = config.model, config.optim, config.trainer
     lora = LoraConfig(
         rank=m.lora_rank,
@@ -178,6 +179,7 @@ def critic_backend_config(config: Config, *, total_steps: int | None = None) -> 
 
 def engine_settings(config: Config) -> EngineSettings:
     """The engine kind and its options; ``inference.engine_kwargs`` are added last, so they win."""
+    config = resolve(config)  # trainer.device is derived
     inf, model = config.inference, config.model
     options: dict[str, Any]
     if inf.engine == "local":
@@ -267,6 +269,7 @@ def generator_factory(config: Config) -> FactorySettings | None:
 
 def loop_settings(config: Config) -> LoopSettings:
     """The loop's own settings."""
+    config = resolve(config)  # trainer.device is derived
     a, g, t = config.algorithm, config.generator, config.trainer
     return LoopSettings(
         n_samples_per_prompt=g.n_samples_per_prompt,
