@@ -80,7 +80,7 @@ def test_chunks_keep_no_vocabulary_sized_tensor_for_backward() -> None:
 
 _PEAK = textwrap.dedent(
     """
-    import resource, sys, torch
+    import sys, torch
     from skyrl_train.backends.token_stats import token_stats
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2048, 64, generator=g, requires_grad=True)
@@ -89,9 +89,17 @@ _PEAK = textwrap.dedent(
     chunk = int(sys.argv[1])
     token_stats(h[:8], w, None, t[:8], with_entropy=True, chunk_size=chunk).sum().backward()  # warm up
     h.grad = w.grad = None
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def status(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])  # KiB
+
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # reset the peak resident size (VmHWM) to the current one
+    base = status("VmRSS")
     token_stats(h, w, None, t, with_entropy=True, chunk_size=chunk).sum().backward()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
+    print(status("VmHWM") - base)
     """
 )
 
