@@ -13,7 +13,10 @@ Exceptions::
      ├── SessionNotFoundError                  404     session_not_found: open the session (URL path) first
      │    └── UnknownSessionKeyError            401     invalid_api_key: the bearer token names no open session
      ├── SessionClosedError                    404     session_closed: the session closed while the request ran
-     ├── RequestTooLargeError                  413     request_too_large: raise GatewayConfig.max_body_bytes
+     ├── RequestTooLargeError                  413     request_too_large: over GatewayConfig.max_body_bytes,
+     │                                                  max_prompt_chars, max_samples_per_request or
+     │                                                  max_request_tokens
+     ├── SessionLimitError                     429     session_limit: the session used up a max_session_* cap
      └── EngineError                           500     engine_error: the inference engine failed
 """
 
@@ -28,6 +31,7 @@ __all__ = [
     "InvalidRequestError",
     "RequestTooLargeError",
     "SessionClosedError",
+    "SessionLimitError",
     "SessionNotFoundError",
     "UnknownSessionKeyError",
     "UnsupportedParameterError",
@@ -103,11 +107,19 @@ class SessionClosedError(GatewayError):
 
 
 class RequestTooLargeError(GatewayError):
-    """The request body is larger than ``GatewayConfig.max_body_bytes``."""
+    """The request is larger than a per-request cap of :class:`~skyrl_train.gateway.server.GatewayConfig`."""
 
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class SessionLimitError(GatewayError):
+    """The session has used up one of its caps (requests, samples, tokens); the episode must end."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "session_limit"
 
 
 class EngineError(GatewayError):

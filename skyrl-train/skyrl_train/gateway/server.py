@@ -16,15 +16,23 @@ weight sync; a streamed request sends an SSE comment every ``stream_keepalive_s`
 out between bytes keep waiting. A client that disconnects does not cancel its generation: what was sampled is
 still recorded. Closing a session cancels its requests in flight (they are answered ``session_closed``).
 
+Limits: every request is the policy's output, so its cost is bounded (:mod:`skyrl_train.gateway.limits`): body
+size, characters of text, template arguments, samples and tokens per request, and requests, samples and tokens
+per session, each a :class:`GatewayConfig` field and a 4xx answer naming it.
+
 Threads: the server, the engine and the recording run on the event loop :meth:`Gateway.start` was awaited on (the
-engine must be used from that loop). :meth:`Gateway.open_session` and :meth:`Gateway.close_session` may be called
-from any thread. The gateway does not own the engine: the caller closes it.
+engine must be used from that loop). Decoding a body, rendering its chat template and tokenizing run on one
+thread of their own, so a large or slow request never holds the loop (which a trainer may share).
+:meth:`Gateway.open_session` and :meth:`Gateway.close_session` may be called from any thread. The gateway does not
+own the engine: the caller closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -34,7 +42,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -49,6 +57,7 @@ from skyrl_train.gateway.errors import (
     UnknownSessionKeyError,
     error_body,
 )
+from skyrl_train.gateway.limits import SessionBudget, check_prompt_chars, check_request_size, check_template_kwargs
 from skyrl_train.gateway.protocol import (
     ChatRequest,
     Choice,
@@ -63,7 +72,7 @@ from skyrl_train.gateway.protocol import (
     parse_chat_request,
     parse_completion_request,
 )
-from skyrl_train.gateway.render import ParsedReply, Renderer, ToolParser, parse_hermes_tool_calls
+from skyrl_train.gateway.render import Conversation, ParsedReply, Renderer, ToolParser, parse_hermes_tool_calls
 from skyrl_train.gateway.sessions import Plan, Sample, Session
 
 if TYPE_CHECKING:
@@ -74,6 +83,7 @@ if TYPE_CHECKING:
 __all__ = ["Gateway", "GatewayConfig", "GatewayStats", "SessionHandle"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 _SESSION_ROUTE = r"/s/{session:[A-Za-z0-9._~-]{1,128}}"
@@ -92,7 +102,14 @@ class GatewayConfig:
     default_max_tokens: int = 2048  # reply tokens when a request sets no max_tokens (capped by the context left)
     max_n: int = 16  # largest `n` accepted
     stream_keepalive_s: float = 15.0  # seconds between SSE comments while a streamed request waits for the engine
-    max_body_bytes: int = 64 * 2**20  # largest request body accepted (long agent conversations are big)
+    max_body_bytes: int = 8 * 2**20  # largest request body accepted
+    max_prompt_chars: int = 2 * 2**20  # characters of text in one request (messages, tools, prompts)
+    template_kwargs: tuple[str, ...] = ("enable_thinking",)  # chat_template_kwargs keys a request may set
+    max_samples_per_request: int = 64  # prompts × n of one request
+    max_request_tokens: int = 2**21  # prompt + max_tokens over one request's samples
+    max_session_requests: int = 4096  # requests one session may make
+    max_session_samples: int = 4096  # samples one session may ask for
+    max_session_tokens: int = 2**24  # prompt + max_tokens over all of one session's samples
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,7 @@ class _Live:
 
     session: Session
     tasks: set[asyncio.Future[list[GenerationOutput]]] = field(default_factory=set)
+    budget: SessionBudget = field(default_factory=SessionBudget)  # what its requests asked for so far
 
 
 class Gateway:
@@ -167,6 +185,8 @@ class Gateway:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        # One thread decodes, renders and tokenizes (a tokenizer is not safe to share between threads).
+        self._prepare: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -175,6 +195,7 @@ class Gateway:
         if self._runner is not None:
             return self.url
         self._loop = asyncio.get_running_loop()
+        self._prepare = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gateway-prepare")
         app = web.Application(middlewares=[self._answer_errors], client_max_size=self.config.max_body_bytes)
         for prefix in ("", _SESSION_ROUTE):
             app.router.add_get(prefix + "/v1/models", self._models)
@@ -195,6 +216,9 @@ class Gateway:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        prepare, self._prepare = self._prepare, None
+        if prepare is not None:
+            prepare.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -267,14 +291,10 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
         live = self._live(request)
-        chat = parse_chat_request(await _json_body(request), max_n=self.config.max_n)
-        conversation = self.renderer.conversation(chat.messages, chat.tools, chat.template_options)
-        plan = live.session.plan(
-            conversation.keys,
-            lambda start: self.renderer.delta_ids(conversation, start),
-            lambda: self.renderer.full_ids(conversation),
-        )
+        body = await self._body(request)
+        chat, conversation, plan = await self._off_loop(self._plan_chat, live, body)
         params = self._sampling_params(chat.sampling, len(plan.prompt_ids), "messages")
+        self._admit(live, [(len(plan.prompt_ids), params.max_tokens)] * chat.sampling.n)
         head = self._head("chatcmpl", chat.model, [plan.prompt_ids])
 
         async def work() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -294,11 +314,12 @@ class Gateway:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
         live = self._live(request)
-        completion = parse_completion_request(await _json_body(request), max_n=self.config.max_n)
-        plans = [self._completion_plan(live, prompt, completion) for prompt in completion.prompts]
+        body = await self._body(request)
+        completion, plans = await self._off_loop(self._plan_completions, live, body)
         params = [self._sampling_params(completion.sampling, len(p.prompt_ids), "prompt") for p in plans]
-        head = self._head("cmpl", completion.model, [plan.prompt_ids for plan in plans])
         n = completion.sampling.n
+        self._admit(live, [(len(plan.prompt_ids), p.max_tokens) for plan, p in zip(plans, params, strict=True)] * n)
+        head = self._head("cmpl", completion.model, [plan.prompt_ids for plan in plans])
 
         async def work() -> tuple[dict[str, Any], list[dict[str, Any]]]:
             batches = await asyncio.gather(
@@ -317,6 +338,50 @@ class Gateway:
             return completion_response(head, completion, choices, prompt_of), []
 
         return await self._respond(request, completion, work)
+
+    # -- preparing a request (on the prepare thread) ----------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> Any:
+        """The request's JSON, decoded and size-checked on the prepare thread."""
+        raw = await _read_body(request)
+        return await self._off_loop(self._decode, raw)
+
+    def _decode(self, raw: bytes) -> Any:
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
+        check_prompt_chars(body, self.config)
+        return body
+
+    def _plan_chat(self, live: _Live, body: Any) -> tuple[ChatRequest, Conversation, Plan]:
+        chat = parse_chat_request(body, max_n=self.config.max_n)
+        check_template_kwargs(chat.template_options, self.config)
+        conversation = self.renderer.conversation(chat.messages, chat.tools, chat.template_options)
+        plan = live.session.plan(
+            conversation.keys,
+            lambda start: self.renderer.delta_ids(conversation, start),
+            lambda: self.renderer.full_ids(conversation),
+        )
+        return chat, conversation, plan
+
+    def _plan_completions(self, live: _Live, body: Any) -> tuple[CompletionRequest, list[Plan]]:
+        completion = parse_completion_request(body, max_n=self.config.max_n)
+        samples = len(completion.prompts) * completion.sampling.n
+        check_request_size(samples, 0, self.config)  # before tokenizing prompts that would be refused anyway
+        return completion, [self._completion_plan(live, prompt, completion) for prompt in completion.prompts]
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the prepare thread (inline when the gateway is not serving)."""
+        if self._prepare is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._prepare, functools.partial(fn, *args))
+
+    def _admit(self, live: _Live, samples: Sequence[tuple[int, int]]) -> None:
+        """Charge a request's samples (``(prompt tokens, max_tokens)`` each) to its session, or refuse it."""
+        tokens = sum(prompt + reply for prompt, reply in samples)
+        check_request_size(len(samples), tokens, self.config)
+        live.budget.admit(len(samples), tokens, self.config)
 
     def _completion_plan(self, live: _Live, prompt: str | list[int], completion: CompletionRequest) -> Plan:
         if isinstance(prompt, str):
@@ -485,15 +550,11 @@ def _context_limit(config: GatewayConfig, engine: object, tokenizer: PreTrainedT
     return limit if isinstance(limit, int) and 0 < limit < 10**7 else None  # HF's "unset" is ~1e30
 
 
-async def _json_body(request: web.Request) -> Any:
+async def _read_body(request: web.Request) -> bytes:
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestTooLargeError(f"the request body is too large: {exc.text}") from exc
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
+        raise RequestTooLargeError(f"the request body is too large: {exc.text} (GatewayConfig.max_body_bytes)") from exc
 
 
 def _no_delta(start: int) -> list[int]:
