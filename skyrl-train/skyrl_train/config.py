@@ -971,11 +971,6 @@ def _check_workers(config: Config) -> list[str]:
         problems.append("trainer.num_cpus_per_worker and trainer.num_gpus_per_worker must be >= 0")
     if config.model.lora_rank > 0:
         problems.append("trainer.backend=fsdp trains full weights: set model.lora_rank=0, or trainer.backend=torch")
-    if t.max_tokens_per_microbatch > 0:
-        problems.append(
-            "trainer.backend=fsdp cuts micro-batches by rows (every rank must run the same collectives): "
-            "set trainer.max_tokens_per_microbatch=-1"
-        )
     return problems
 
 

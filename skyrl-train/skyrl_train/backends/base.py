@@ -70,6 +70,16 @@ class ModelOutput:
     values: torch.Tensor | None = None  # [b, T] critic values, for value models
 
 
+def concat_batches(first: TrainingBatch, second: TrainingBatch) -> TrainingBatch:
+    """The rows of ``first`` then those of ``second`` (same length, same named tensors)."""
+    return TrainingBatch(
+        input_ids=torch.cat([first.input_ids, second.input_ids]),
+        attention_mask=torch.cat([first.attention_mask, second.attention_mask]),
+        response_mask=torch.cat([first.response_mask, second.response_mask]),
+        tensors={name: torch.cat([t, second.tensors[name]]) for name, t in first.tensors.items()},
+    )
+
+
 LossFn = Callable[[ModelOutput, TrainingBatch], tuple[torch.Tensor, dict[str, float]]]
 """``loss_fn(model_output, micro_batch) -> (loss, metrics)``.
 

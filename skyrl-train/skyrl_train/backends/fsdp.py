@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
+from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch, concat_batches
 from skyrl_train.backends.config import BackendConfig
 from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.backends.lora import unwrap
+from skyrl_train.backends.packing import even_out
 from skyrl_train.backends.torch_backend import TorchBackend
 from skyrl_train.tensor_broadcast import TensorSpec, specs_of
 
@@ -47,16 +48,10 @@ def check_worker_config(config: BackendConfig) -> None:
     """Reject what a worker group cannot do yet, naming the key to change.
 
     Raises:
-        ValueError: LoRA, or a token-budget micro-batching (ranks would cut different numbers of micro-batches
-            and their collectives would no longer match).
+        ValueError: LoRA.
     """
     if config.lora.enabled:
         raise ValueError("FSDP workers train full weights: set model.lora_rank=0 (LoRA runs on trainer.backend=torch)")
-    if config.max_tokens_per_microbatch > 0:
-        raise ValueError(
-            "FSDP workers cut micro-batches by rows, so every rank runs the same collectives: "
-            "set trainer.max_tokens_per_microbatch=0"
-        )
 
 
 def shard_layers(model: nn.Module, policy: MixedPrecisionPolicy | None = None) -> nn.Module:
@@ -88,6 +83,25 @@ class FSDPWorker(TorchBackend):
     def _compute_context(self) -> AbstractContextManager[object]:
         """Nothing: the sharding casts parameters to the compute dtype as it gathers them."""
         return nullcontext()
+
+    def _plan(self, batch: TrainingBatch, rows_per_micro_batch: int) -> tuple[TrainingBatch, list[slice]]:
+        """This rank's micro-batches, as many as the rank with the most (collective).
+
+        A token budget cuts the ranks' shares into different numbers of micro-batches, but each micro-batch is a
+        sequence of all-gathers and reduce-scatters that every rank must join: a rank with fewer splits its widest
+        ones, and if its rows run out, runs fully masked copies of a row (no loss, no metric weight).
+        """
+        slices = self._micro_slices(batch, rows_per_micro_batch)
+        count = torch.tensor([len(slices)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        slices, missing = even_out(slices, int(count.item()))
+        if missing == 0:
+            return batch, slices
+        rows = len(batch)
+        padding = batch.select(torch.zeros(missing, dtype=torch.long))
+        padding.response_mask = torch.zeros_like(padding.response_mask)
+        padded = concat_batches(batch, padding)
+        return padded, slices + [slice(rows + k, rows + k + 1) for k in range(missing)]
 
     def peak_memory_bytes(self) -> int:
         """The highest peak of any rank (collective: every rank must call it)."""

@@ -197,3 +197,21 @@ def split_by_tokens(costs: list[int], max_tokens: int, *, packed: bool) -> list[
     if costs:
         slices.append(slice(start, len(costs)))
     return slices
+
+
+def even_out(slices: list[slice], count: int) -> tuple[list[slice], int]:
+    """``slices`` cut into ``count`` micro-batches: the largest split in halves while one has two rows or more.
+
+    Returns the slices and how many empty micro-batches are still missing (when every slice is down to one row):
+    the caller runs those as fully masked rows. For FSDP ranks, which must all run the same number of micro-batches
+    (each is a sequence of collectives) though a token budget cuts their shares differently.
+    """
+    result = list(slices)
+    while len(result) < count:
+        widest = max(range(len(result)), key=lambda i: result[i].stop - result[i].start, default=None)
+        if widest is None or result[widest].stop - result[widest].start < 2:
+            break
+        cut = result[widest]
+        middle = (cut.start + cut.stop) // 2
+        result[widest : widest + 1] = [slice(cut.start, middle), slice(middle, cut.stop)]
+    return result, count - len(result)

@@ -200,11 +200,11 @@ class TorchBackend:
         """
         _check_call(batch, temperature)
         self.model.eval()
-        slices = self._micro_slices(batch, self.config.micro_forward_batch_size)
+        cut, slices = self._plan(batch, self.config.micro_forward_batch_size)
         with self.memory.measure():
-            on_device = self._to_device(batch)  # one copy for the whole batch, not one per micro-batch
+            on_device = self._to_device(cut)  # one copy for the whole batch, not one per micro-batch
             outputs = [self._micro_output(on_device.select(s), temperature, with_entropy) for s in slices]
-            return _concat_outputs(outputs, batch.input_ids.device)
+            return _concat_outputs(outputs, batch.input_ids.device, rows=len(batch))
 
     @_on_compute_thread
     def forward_backward(
@@ -220,7 +220,7 @@ class TorchBackend:
         _check_call(batch, temperature)
         size = self.config.micro_train_batch_size
         self.model.train()
-        slices = self._micro_slices(batch, size)
+        batch, slices = self._plan(batch, size)
         # Token counts and the summed loss stay on the device until the end: no host sync between micro-batches
         # for them (a loss function's own metrics are its business).
         tokens = [float(batch.response_mask[rows].sum()) for rows in slices]
@@ -369,6 +369,10 @@ class TorchBackend:
             return batch.pin().to(self.device, non_blocking=True)
         return batch.to(self.device)
 
+    def _plan(self, batch: TrainingBatch, rows_per_micro_batch: int) -> tuple[TrainingBatch, list[slice]]:
+        """The batch to cut and its micro-batches (an FSDP rank may append fully masked rows; see ``backends.fsdp``)."""
+        return batch, self._micro_slices(batch, rows_per_micro_batch)
+
     def _micro_slices(self, batch: TrainingBatch, rows_per_micro_batch: int) -> list[slice]:
         budget = self.config.max_tokens_per_microbatch
         if budget > 0:
@@ -447,13 +451,13 @@ def _check_call(batch: TrainingBatch, temperature: float) -> None:
             raise ValueError(f"batch.tensors[{name!r}] has {tensor.shape[0]} rows, the batch {rows}")
 
 
-def _concat_outputs(outputs: list[ModelOutput], device: torch.device) -> ModelOutput:
-    """Stack micro-batch outputs along rows, on ``device``."""
+def _concat_outputs(outputs: list[ModelOutput], device: torch.device, rows: int | None = None) -> ModelOutput:
+    """Stack micro-batch outputs along rows, on ``device``; only the first ``rows`` when given (the rest: padding)."""
 
     def cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
         if any(p is None for p in parts):
             return None
-        return torch.cat([cast(torch.Tensor, p) for p in parts]).to(device)
+        return torch.cat([cast(torch.Tensor, p) for p in parts])[:rows].to(device)
 
     log_probs = cat([o.log_probs for o in outputs])
     assert log_probs is not None

@@ -35,15 +35,42 @@ __all__ = [
 
 
 class Limits(Protocol):
-    """The caps of :class:`~skyrl_train.gateway.server.GatewayConfig` this module reads."""
+    """The caps of :class:`~skyrl_train.gateway.server.GatewayConfig` this module reads (read-only)."""
 
-    max_prompt_chars: int
-    template_kwargs: tuple[str, ...]
-    max_samples_per_request: int
-    max_request_tokens: int
-    max_session_requests: int
-    max_session_samples: int
-    max_session_tokens: int
+    @property
+    def max_prompt_chars(self) -> int:
+        """Characters of text one request may carry."""
+        ...
+
+    @property
+    def template_kwargs(self) -> tuple[str, ...]:
+        """chat_template_kwargs keys a request may set."""
+        ...
+
+    @property
+    def max_samples_per_request(self) -> int:
+        """Prompts × n of one request."""
+        ...
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Prompt + max_tokens over one request's samples."""
+        ...
+
+    @property
+    def max_session_requests(self) -> int:
+        """Requests of one session."""
+        ...
+
+    @property
+    def max_session_samples(self) -> int:
+        """Samples one session may ask for."""
+        ...
+
+    @property
+    def max_session_tokens(self) -> int:
+        """Prompt + max_tokens over one session's samples."""
+        ...
 
 
 def text_chars(value: Any) -> int:
