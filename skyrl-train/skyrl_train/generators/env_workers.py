@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from skyrl_train.generators.envs import make_env
 
@@ -187,7 +187,8 @@ class EnvWorkers:
             RuntimeError: the pool is closed.
         """
         death: ActorDiedError | None = None
-        while (worker := self._reserve()) is not None:
+        unreachable: set[int] = set()  # this call's workers that Ray could not reach for now (not known dead)
+        while (worker := self._reserve(unreachable)) is not None:
             try:
                 env_id = await self.workers[worker].make.remote(env_class, env_config, dict(extras), max_turns)
             except ActorDiedError as error:
@@ -195,21 +196,32 @@ class EnvWorkers:
                 self.died(worker)
                 death = error
                 continue
+            except ActorUnavailableError:
+                # Ray cannot tell yet whether the actor is gone (a loaded node, a death not yet confirmed): try
+                # another worker for this env, without marking this one dead.
+                self.released(worker)
+                unreachable.add(worker)
+                continue
             except BaseException:
                 self.released(worker)
                 raise
             return RemoteEnv(self, worker, env_id)
+        if unreachable and len(self.dead | unreachable) == len(self.workers) and len(self.dead) < len(self.workers):
+            raise EnvWorkersDeadError(
+                f"no env worker could be reached: {len(unreachable)} unreachable, {len(self.dead)} dead; Ray could "
+                "not reach the live ones (look for overloaded nodes in the workers' logs)"
+            )
         raise EnvWorkersDeadError(
             f"all {len(self.workers)} env workers died, and Ray does not restart them: no env can be made. "
             "Look for the cause in the workers' logs (e.g. out of memory), then start the run again"
         ) from death
 
-    def _reserve(self) -> int | None:
-        """Count a new env against the live worker with the fewest live envs, and return it; None when all died."""
+    def _reserve(self, skip: set[int]) -> int | None:
+        """Count a new env against the live worker (not in ``skip``) with the fewest envs; None when there is none."""
         with self._lock:
             if not self.workers:
                 raise RuntimeError("the env workers are closed: make envs before EnvWorkers.close()")
-            alive = [w for w in range(len(self.workers)) if w not in self.dead]
+            alive = [w for w in range(len(self.workers)) if w not in self.dead and w not in skip]
             if not alive:
                 return None
             worker = min(alive, key=lambda w: (self.live[w], w))
