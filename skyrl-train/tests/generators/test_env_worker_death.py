@@ -82,3 +82,31 @@ def test_a_worker_that_fails_to_start_fails_the_pool_at_once(cluster: None) -> N
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
     with pytest.raises(ray.exceptions.ActorDiedError, match="the setup broke"):
         EnvWorkers(2, num_cpus_per_worker=0.5, setup=_broken_setup)
+
+
+class _Unreachable:
+    """Stands in for a worker's handle that Ray cannot reach for now: every ``make`` call is unavailable."""
+
+    class make:
+        @staticmethod
+        def remote(*args: object, **kwargs: object) -> object:
+            async def unavailable() -> int:
+                raise ray.exceptions.ActorUnavailableError("the node is overloaded", None)
+
+            return unavailable()
+
+
+def test_an_unreachable_worker_is_skipped_not_marked_dead(cluster: None) -> None:
+    workers = EnvWorkers(2, num_cpus_per_worker=0.5)
+    real = list(workers.workers)
+    workers.workers[0] = _Unreachable()  # type: ignore[call-overload]
+    try:
+        envs = asyncio.run(_make_many(workers, 4))
+        assert [env.worker for env in envs] == [1] * 4
+        assert workers.dead == set()  # unavailable is not dead: later envs may go back to it
+        workers.workers[1] = _Unreachable()  # type: ignore[call-overload]
+        with pytest.raises(EnvWorkersDeadError, match="no env worker could be reached"):
+            asyncio.run(_make_many(workers, 1))
+    finally:
+        workers.workers[:] = real
+        workers.close()
