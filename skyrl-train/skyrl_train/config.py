@@ -65,13 +65,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-import torch
-
 from skyrl_train.algorithms.filtering import DynamicSamplingType
 from skyrl_train.algorithms.kl import KLEstimatorName
 from skyrl_train.algorithms.off_policy import OffPolicyCorrectionConfig
 from skyrl_train.algorithms.reductions import LossReduction
-from skyrl_train.devices import resolve_device
+from skyrl_train.devices import require_device, resolve_device
 
 __all__ = [
     "REMOVED_KEYS",
@@ -977,11 +975,11 @@ def _check_workers(config: Config) -> list[str]:
 def _check_device(t: TrainerConfig) -> list[str]:
     """A run that asks for GPUs it cannot use fails here, before any model is loaded."""
     gpus = t.num_gpus_per_worker or 0
-    if t.backend == "torch" and t.device == "cuda" and not torch.cuda.is_available():
-        return [
-            f"trainer.device=cuda but this process sees no GPU (torch {torch.__version__}, CUDA build: "
-            f"{torch.version.cuda or 'no'}): set trainer.device=cpu (or auto), or install a CUDA build of torch"
-        ]
+    if t.backend == "torch" and t.device == "cuda":
+        try:
+            require_device("cuda")
+        except RuntimeError as exc:
+            return [str(exc)]
     if t.backend == "fsdp" and t.device == "cuda" and gpus <= 0:
         return [
             "trainer.device=cuda puts every FSDP rank on a GPU of its own, but trainer.num_gpus_per_worker=0 asks "

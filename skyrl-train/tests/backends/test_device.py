@@ -15,22 +15,13 @@ from skyrl_train.backends.precision import PrecisionPolicy
 from skyrl_train.backends.torch_backend import TorchBackend
 from skyrl_train.config import ConfigError, load_config, resolve, validate
 from skyrl_train.devices import PeakMemory, device_metrics, require_device, resolve_device
-from skyrl_train.models.tiny import TinyModelSpec, build_tiny_model
 from skyrl_train.wiring import components_of
-
-SMALL = TinyModelSpec(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    corpus_lines=300,
-)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("device-model"), seed=0, spec=SMALL)
+def model_dir(small_model_dir: Path) -> Path:
+    """The backend tests' small model (``conftest.SMALL``)."""
+    return small_model_dir
 
 
 @pytest.fixture
