@@ -1,7 +1,7 @@
 """``skyrl-agent run --harness command:ARGV --backend docker``: a command-line agent inside its container.
 
-The agent program runs in the task's Docker sandbox and talks to the gateway over the backend's host-only network
-(``skyrl_agent.harness.routing``): the scripted oracle plays each task's gold fix, the program runs the reply's
+The agent program runs in the task's Docker sandbox, which has no network, and talks to the gateway through the
+socket mounted into it (``skyrl_agent.harness.routing``): the scripted oracle plays each task's gold fix, the program runs the reply's
 command, the hidden tests grade the diff. The program also tries the internet, which the network must not reach.
 """
 
@@ -69,7 +69,7 @@ def test_a_command_line_agent_in_a_container_reaches_the_gateway_and_nothing_els
     for record in records:
         output = record["messages"][0]["content"]
         assert "command exit 0" in output, output
-        assert "internet unreachable" in output, output  # the host-only network leads nowhere else
+        assert "internet unreachable" in output, output  # the model socket leads nowhere else
         (turn,) = record["turns"]  # the gateway recorded the one call, token ids and all
         assert turn["token_ids"]
         assert record["harness"]["model_calls"] == 1  # counted by the session: the program does not say

@@ -20,6 +20,7 @@ from skyrl_agent.agents.react import AgentConfig, ReActAgent, Trajectory
 from skyrl_agent.agents.swe_env import SWEEnv, instructions
 from skyrl_agent.dispatch import Dispatcher, DispatcherConfig, Episode, GradeResult, PausableClock, RunContext
 from skyrl_agent.dispatch.dispatcher import LLMFactory, TrajectoryLike
+from skyrl_agent.dispatch.outcomes import GradingError
 from skyrl_agent.llm.base import LLMClient, Message
 from skyrl_agent.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from skyrl_agent.spans import SpannedEnv, SpanRecorder, span_on
@@ -89,11 +90,18 @@ class SWEPipeline:
         return trajectory
 
     async def grade(self, episode: Episode, sandbox: Sandbox, trajectory: TrajectoryLike) -> GradeResult:
-        """Grade the submission in a fresh sandbox: reward 1.0 when resolved, else 0.0."""
+        """Grade the submission in a fresh sandbox: reward 1.0 when resolved, else 0.0.
+
+        Raises:
+            GradingError: the verdict is ``error``: the task itself is broken (its hidden tests do not apply), which
+                says nothing about the submission (masked, not a reward of 0).
+        """
         task = _task(episode)
         submission = getattr(trajectory, "submission", None) or ""
         with span_on(self.spans, "reward", "grade"):
             verdict = await grade(task, submission, self.backend, spec=self._spec(task, {}))
+        if verdict.status == "error":
+            raise GradingError(f"task {task.id} could not be graded: {verdict.error}")
         self._finished(episode, resolved=verdict.resolved)
         details = {"status": verdict.status, "tests": dict(verdict.tests), "fail_to_pass": dict(verdict.fail_to_pass),
                    "pass_to_pass": dict(verdict.pass_to_pass), "error": verdict.error,

@@ -259,17 +259,15 @@ async def _run_harness(
     The seconds are None when a plain server answered the calls: they are the harness's own requests.
     """
     from skyrl_agent.harness.pipeline import HarnessPipeline
-    from skyrl_agent.harness.routing import sandbox_route
     from skyrl_agent.integrations.serving import make_harness, serving
     from skyrl_agent.llm.scripted import null_policy
 
     harness = make_harness(str(options.harness))
-    route = await sandbox_route(base.backend, harness)  # a command-line harness in a container needs one
-    host = route.address if route is not None else "127.0.0.1"
-    async with serving(options.model, tasks, options.served_model, host=host) as served:
+    # The gateway listens on the loopback; a harness inside a container reaches it through its model socket.
+    async with serving(options.model, tasks, options.served_model, host="127.0.0.1") as served:
         pipeline = HarnessPipeline(
             base.backend, base.agent, labels=base.labels, on_finished=base.on_finished, harness=harness,
-            server=served.server, endpoint=served.endpoint, route=route,
+            server=served.server, endpoint=served.endpoint,
         )  # fmt: skip
         dispatched = await pipeline.dispatcher(null_policy(), config).run(episodes)
         return dispatched, served.llm_s() if served.llm_s is not None else None

@@ -8,8 +8,8 @@ its work does not decide the reward) and reported as its exit status. Running pa
 truncated (``TimeExceeded``, not graded), like mini-swe-agent's own time limit. Only the episode deadline bounds
 it, not the per-command one: the command is the whole harness.
 
-The sandbox must reach the endpoint: the process backend runs on the host and does; a Docker sandbox joins the
-backend's host-only network, on which the gateway listens (:mod:`skyrl_agent.harness.routing`).
+The sandbox must reach the endpoint: the process backend runs on the host and does; a Docker sandbox has no network
+and reaches its session through a socket mounted into it (:mod:`skyrl_agent.harness.routing`).
 """
 
 from __future__ import annotations

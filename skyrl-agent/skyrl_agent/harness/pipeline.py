@@ -2,19 +2,21 @@
 
 ::
 
-    acquire    a sandbox for the task (as SWEPipeline; on ``route``'s network for a harness that runs inside it)
+    acquire    a sandbox for the task (as SWEPipeline; with a model socket for a harness that runs inside it)
     run_agent  prepare the workspace; open a session on the recording server (or use the plain endpoint);
+               for a harness inside the sandbox: serve the model socket, and check the endpoint from inside;
                run the harness in its own thread until it returns or the episode deadline passes;
                close the session (its recorded samples) and take the workspace diff as the submission
     grade      the diff, in a fresh sandbox (as SWEPipeline)
-    release    close the sandbox
+    release    close the sandbox, then its model socket
 
 A harness that hits its own turn limit ends *truncated* (ungraded, like the built-in agent out of turns); any
 other return is graded, whatever the harness thought of its work. What it raises decides the outcome as for the
 built-in agent: a command that broke the sandbox ends it ``agent_broke_sandbox`` (reward 0); the model server
 failing (:class:`~skyrl_agent.llm.base.LLMError`) is a ``model_error``, the sandbox failing a ``sandbox_error``, a
 deadline ``timed_out`` (all three masked, per the failure policy); anything else is an ``agent_error``
-(:class:`HarnessError`).
+(:class:`HarnessError`). A harness inside its sandbox that cannot reach its model fails before it starts, as a
+``model_error`` (:mod:`skyrl_agent.harness.routing`).
 
 The deadline is the dispatcher's: time the engine spends paused for a weight sync counts against none of it,
 because the session's requests simply wait at the gateway meanwhile.
@@ -35,10 +37,11 @@ from skyrl_agent.dispatch import Episode, RunContext
 from skyrl_agent.dispatch.clock import DeadlineExceeded, within
 from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.harness.base import Endpoint, Harness, HarnessJob, HarnessResult, SandboxShell, SessionServer
-from skyrl_agent.harness.routing import routed_url
+from skyrl_agent.harness.routing import check_reachable, forwarded_url, relay_target, relays_model, runs_in_sandbox
 from skyrl_agent.llm.base import LLMClient, LLMError
 from skyrl_agent.pipeline import SWEPipeline, _task
-from skyrl_agent.sandbox.base import CommandResult, HostRoute, Sandbox, SandboxError, SandboxSpec
+from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxError
+from skyrl_agent.sandbox.session_socket import SessionSocket
 from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 from skyrl_agent.spans import span_on
 from skyrl_agent.tasks.format import SWETask
@@ -96,21 +99,46 @@ class HarnessPipeline(SWEPipeline):
         server: The recording server each episode gets a session on; or ``endpoint``.
         endpoint: A plain OpenAI-compatible server (nothing recorded), when ``server`` is None.
         command_timeout_s: A sandbox command's limit when the harness sets none.
-        route: For a harness that runs inside its sandbox: the network its sandbox joins and the host's address
-            there, which replaces a loopback host in its endpoint (``skyrl_agent.harness.routing``).
+
+    A harness that runs inside its sandbox, on a backend that mounts model sockets, gets one per sandbox: made at
+    ``acquire``, serving the endpoint's address from ``run_agent`` on, closed at ``release``.
     """
 
     harness: Harness | None = None
     server: SessionServer | None = None
     endpoint: Endpoint | None = None
     command_timeout_s: float = 60.0
-    route: HostRoute | None = None
+    _sockets: dict[str, SessionSocket] = field(default_factory=dict, init=False, repr=False)  # by sandbox id
 
     def __post_init__(self) -> None:
         if self.harness is None:
             raise ValueError("HarnessPipeline needs a harness")
         if (self.server is None) == (self.endpoint is None):
             raise ValueError("HarnessPipeline needs exactly one of server (recorded) and endpoint (plain)")
+
+    async def acquire(self, episode: Episode) -> Sandbox:
+        """A fresh sandbox for the episode's task; with a model socket mounted when the harness runs inside it."""
+        if not relays_model(self.backend, self._harness()):
+            return await super().acquire(episode)
+        model_socket = SessionSocket()
+        try:
+            spec = replace(self._agent_spec(_task(episode)), model_socket_dir=model_socket.directory)
+            with span_on(self.spans, "sandbox", "start"):
+                sandbox = await self.backend.create(spec)
+        except BaseException:
+            await model_socket.close()
+            raise
+        self._sockets[sandbox.id] = model_socket
+        return sandbox
+
+    async def release(self, sandbox: Sandbox) -> None:
+        """Close the sandbox, then its model socket (if it has one)."""
+        try:
+            await super().release(sandbox)
+        finally:
+            model_socket = self._sockets.pop(sandbox.id, None)
+            if model_socket is not None:
+                await model_socket.close()
 
     async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Any:
         """Run the harness on the borrowed sandbox (``llm`` is unused: the harness has its own endpoint)."""
@@ -128,10 +156,11 @@ class HarnessPipeline(SWEPipeline):
             whole_guard=self._whole_guard(ctx),
             timeout_s=self.command_timeout_s,
         )
-        job = HarnessJob(task, endpoint, shell, self.agent.max_turns, episode.id)
         samples: Sequence[Any] = []
         try:
             deadlines = [ctx.deadline] if ctx.deadline is not None else []
+            reached = await within(self._reach(sandbox, endpoint), *deadlines)
+            job = HarnessJob(task, reached, shell, self.agent.max_turns, episode.id)
             result = await within(_in_thread(self._harness(), job), *deadlines)
         except CommandBrokeSandboxError as exc:  # the harness's own command: its doing, not the infrastructure's
             result = HarnessResult(SANDBOX_BROKEN, model_calls=0, error=str(exc))
@@ -151,17 +180,30 @@ class HarnessPipeline(SWEPipeline):
         assert self.harness is not None  # checked in __post_init__
         return self.harness
 
-    def _agent_spec(self, task: SWETask) -> SandboxSpec:
-        spec = super()._agent_spec(task)
-        return spec if self.route is None else replace(spec, network_name=self.route.network)
-
     def _endpoint(self, episode: Episode) -> tuple[str | None, Endpoint]:
         if self.server is None:
             assert self.endpoint is not None  # checked in __post_init__
-            return None, replace(self.endpoint, base_url=routed_url(self.endpoint.base_url, self.route))
+            return None, self.endpoint
         session_id = session_id_for(episode)
         ticket = self.server.open_session(session_id)
-        return session_id, Endpoint(routed_url(ticket.base_url, self.route), ticket.api_key, self.server.model)
+        return session_id, Endpoint(ticket.base_url, ticket.api_key, self.server.model)
+
+    async def _reach(self, sandbox: Sandbox, endpoint: Endpoint) -> Endpoint:
+        """The endpoint as the harness reaches it: through the sandbox's model socket, if it has one.
+
+        A harness inside its sandbox is not started before the endpoint answered from there (LLMConnectionError).
+        """
+        if not runs_in_sandbox(self._harness()):
+            return endpoint
+        model_socket = self._sockets.get(sandbox.id)
+        if model_socket is not None:
+            await model_socket.serve(*relay_target(endpoint.base_url))
+            endpoint = replace(endpoint, base_url=forwarded_url(endpoint.base_url))
+        try:
+            await check_reachable(sandbox, endpoint, model_socket)
+        except CommandBrokeSandboxError as exc:  # nothing of the harness ran yet: not its doing
+            raise SandboxError(f"the sandbox broke while its model endpoint was checked: {exc}") from exc
+        return endpoint
 
     def _guard(self, ctx: RunContext) -> Any:
         async def guarded(command: Awaitable[CommandResult]) -> CommandResult:

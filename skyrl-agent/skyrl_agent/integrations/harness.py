@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any, cast
 from skyrl_agent.dispatch import EpisodeResult
 from skyrl_agent.harness.base import Harness, SessionTicket
 from skyrl_agent.harness.pipeline import HarnessPipeline, HarnessTrajectory
-from skyrl_agent.harness.routing import sandbox_route
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorConfig, _Row
 from skyrl_agent.integrations.tokens import ChatTemplate, TokenRow, treat_steps
 from skyrl_agent.llm.scripted import null_policy
-from skyrl_agent.sandbox.base import HostRoute, SandboxBackend
+from skyrl_agent.sandbox.base import SandboxBackend
 from skyrl_agent.tasks.format import SWETask
 
 if TYPE_CHECKING:
@@ -101,7 +100,6 @@ class HarnessGenerator(AgentGenerator):
         self.tokenizer, self.harness, self.model_name = tokenizer, harness, model_name
         self.command_timeout_s = command_timeout_s
         self.gateway: Gateway | None = None
-        self.route: HostRoute | None = None  # set with the gateway: how a harness inside its sandbox reaches it
 
     async def generate(self, batch: GeneratorInput) -> GeneratorOutput:
         """Run one harness episode per row of ``batch``; its rows in input order (step-wise when a session split)."""
@@ -129,16 +127,17 @@ class HarnessGenerator(AgentGenerator):
     async def _gateway(self, batch: GeneratorInput) -> Gateway:
         """The gateway, started on the running loop at the first batch (the engine is used from that loop).
 
-        A request that sets no ``max_tokens`` (most harnesses) gets the run's ``generator.max_generate_length``.
+        A request that sets no ``max_tokens`` (most harnesses) gets the run's ``generator.max_generate_length``. It
+        listens on the host's loopback only: a harness inside its sandbox reaches its session through the sandbox's
+        model socket (:mod:`skyrl_agent.harness.routing`).
         """
         if self.gateway is None:
             from skyrl_train.gateway import Gateway, GatewayConfig
 
             engine = self._inner_engine
             assert engine is not None  # an engine is required by __init__
-            self.route = await sandbox_route(self.backend, self.harness)
             config = GatewayConfig(
-                host=self.route.address if self.route is not None else "127.0.0.1",
+                host="127.0.0.1",
                 model_name=self.model_name,
                 max_model_len=self.config.max_input_length,
                 default_max_tokens=batch.sampling_params.max_tokens,
@@ -158,7 +157,6 @@ class HarnessGenerator(AgentGenerator):
             harness=self.harness,
             server=sessions,
             command_timeout_s=self.command_timeout_s,
-            route=self.route,
         )
 
     def _harness_rows(self, result: EpisodeResult, pipeline: HarnessPipeline) -> list[tuple[_Row, Sample | None]]:

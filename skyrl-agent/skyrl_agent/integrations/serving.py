@@ -75,7 +75,7 @@ async def serving(
 ) -> AsyncIterator[Serving]:
     """The model the harness talks to for the run's length (see the module docstring).
 
-    ``host``: the address the gateway listens on (a host route's, for harnesses inside containers).
+    ``host``: the address the gateway listens on (loopback: sandboxes reach it through their model socket).
     """
     check_model(model)
     if model != "scripted:oracle":

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+MODEL_SOCKET_MOUNT = "/run/skyrl-model"  # where a sandbox sees the directory of SandboxSpec.model_socket_dir
+
 
 class SandboxError(RuntimeError):
     """An infrastructure failure of a sandbox or its backend; the message says what failed and what to do."""
@@ -48,19 +50,11 @@ class SandboxSpec:
     cpus: float = 1.0
     pids_limit: int = 256  # processes at most (fork bombs stop here)
     network: bool = False  # no network unless asked for
-    # Join this named network instead (Docker: e.g. the host-only network of DockerBackend.host_route, which reaches
-    # a server on the host and nothing else); None: ``network`` decides.
-    network_name: str | None = None
+    # A host directory holding the unix socket to the episode's model server (.session_socket), mounted read-only at
+    # MODEL_SOCKET_MOUNT by a backend that says ``mounts_model_socket``; the sandbox still has no network.
+    model_socket_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # e.g. run and episode ids, for the reaper
-
-
-@dataclass(frozen=True)
-class HostRoute:
-    """How a sandbox reaches a server on the host: join ``network``; the host is ``address`` there."""
-
-    network: str
-    address: str  # listen on this address (and give sandboxes URLs with it) so that they reach the server
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ Each sandbox is a hardened container (no network unless asked, memory/CPU/pids l
 dropped, no-new-privileges, tini as PID 1, a non-root user, a size-capped json-file log) whose main process
 holds a dead-man ``sleep`` and starts the first command runner (:mod:`.shell`) on the container's own streams,
 attached before the start (:mod:`.attach`); a runner started later (a respawn) is reached through a
-``docker exec -i`` stream. Every container and committed image carries the labels ``skyrl.managed=1``,
-``skyrl.run``, ``skyrl.episode`` and ``skyrl.owner``; the owner (the backend) holds a :class:`Lease` with the
-daemon while it lives (see :mod:`.reaper`).
+``docker exec -i`` stream. A spec's model socket directory is mounted read-only and its forwarder started before
+anything else (:mod:`.session_socket`): the container's one way out, to its model server. Every container and
+committed image carries the labels ``skyrl.managed=1``, ``skyrl.run``, ``skyrl.episode`` and ``skyrl.owner``; the
+owner (the backend) holds a :class:`Lease` with the daemon while it lives (see :mod:`.reaper`).
 
 SDK calls block, so they run in threads; the client has explicit timeouts so an unreachable daemon fails fast
 with :class:`SandboxUnavailableError` instead of hanging. A start whose caller is cancelled runs on in its
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -41,8 +42,8 @@ import requests.exceptions
 from skyrl_agent.sandbox import reaper
 from skyrl_agent.sandbox.attach import INIT_SCRIPT, AttachedChannel, runner_argv_input
 from skyrl_agent.sandbox.base import (
+    MODEL_SOCKET_MOUNT,
     CommandResult,
-    HostRoute,
     SandboxClosedError,
     SandboxError,
     SandboxSpec,
@@ -50,6 +51,7 @@ from skyrl_agent.sandbox.base import (
     SandboxUnavailableError,
     Snapshot,
 )
+from skyrl_agent.sandbox.session_socket import forwarder_command
 from skyrl_agent.sandbox.shell import DEFAULT_OUTPUT_CAP, ChannelOpener, PersistentShell, RunnerChannel
 
 PING_TIMEOUT_S = 5.0  # how long to wait for the daemon to answer before declaring it unreachable
@@ -59,7 +61,6 @@ STATE_PATH = "/tmp/.skyrl-shell-state"
 REMOVE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)  # waits between force-removal attempts of a container or image
 LOG_MAX_SIZE = "16m"  # a container's json-file log: bytes per file (docker units), so a flood cannot fill the disk
 LOG_MAX_FILES = 2  # ...and files kept (the current one and one rotated)
-HOST_ONLY_NETWORK = "skyrl-host-only"  # an internal network: its containers reach the host's address on it, no further
 
 log = logging.getLogger(__name__)
 
@@ -94,23 +95,45 @@ def managed_labels(run_id: str, episode: str, extra: dict[str, str], *, owner: s
     return {**extra, **managed}
 
 
+def _renewal_client(timeout_s: float) -> Any:
+    """A client of the daemon :func:`connect` reaches whose requests time out after ``timeout_s``: a lease's own."""
+    return docker.from_env(timeout=timeout_s, max_pool_size=1)
+
+
 class Lease:
     """An owner's claim on its containers and images: a labelled volume it renews (see :mod:`.reaper`).
 
     :meth:`acquire` creates the first volume and starts a daemon thread that renews the lease every ``ttl_s / 4``
     (a successor volume first, then the predecessors go); :meth:`release` stops the thread and removes the
-    volumes. A renewal that fails is logged and tried again at the next tick; once renewals have failed for
-    ``ttl_s``, the reaper of any process may remove the owner's sandboxes. Leases still held when the interpreter
-    exits are released then.
+    volumes. Leases still held when the interpreter exits are released then.
+
+    Renewals go through a client of their own whose requests time out after ``request_timeout_s`` (``ttl_s / 8``),
+    so a daemon that is slow to answer, or never answers, holds the thread back that long at most, not for a whole
+    client timeout. While renewals fail an attempt starts every ``request_timeout_s``, about six of them before the
+    lease could expire. Once none has succeeded for ``ttl_s``, :attr:`lapsed` is true, an error is logged, and the
+    reaper of any process may remove the owner's sandboxes.
+
+    Args:
+        run_id: the ``skyrl.run`` label of the lease volumes.
+        ttl_s: seconds the lease lasts after its newest volume was created (by the daemon's clock).
+        connect_renewals: makes the client renewals go through, given its request timeout in seconds (default: a
+            client from the environment, as :func:`connect` makes); it is made on the first renewal.
     """
 
-    def __init__(self, run_id: str, ttl_s: float) -> None:
+    def __init__(
+        self, run_id: str, ttl_s: float, *, connect_renewals: Callable[[float], Any] = _renewal_client
+    ) -> None:
         self.owner = reaper.new_owner_id()
         self.run_id = run_id
         self.ttl_s = ttl_s
-        self._client: Any = None
+        self.request_timeout_s = ttl_s / 8
+        self._connect_renewals = connect_renewals
+        self._client: Any = None  # the caller's, for the first volume and the release
+        self._renewer: Any = None  # the lease's own, for renewals
         self._volumes: list[str] = []  # newest first
         self._renewals = 0
+        self._renewed_at = -math.inf  # time.monotonic() when the request of the newest volume was sent
+        self._lapse_logged = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -120,6 +143,15 @@ class Lease:
         """Whether the lease was acquired and not released."""
         return self._thread is not None
 
+    @property
+    def lapsed(self) -> bool:
+        """Whether the held lease may have expired: no renewal sent less than ``ttl_s`` ago has succeeded.
+
+        The daemon stamps a volume after its request was sent, so by the daemon's clock the lease lasts at least
+        ``ttl_s`` after the send; past that, this owner's sandboxes may have been reaped.
+        """
+        return self.held and time.monotonic() - self._renewed_at >= self.ttl_s
+
     def acquire(self, client: Any) -> None:
         """Create the lease with ``client`` and start renewing it.
 
@@ -128,7 +160,7 @@ class Lease:
         """
         self._client = client
         try:
-            self.renew()
+            self._create_successor(client)
         except (docker.errors.DockerException, *_UNREACHABLE) as exc:
             raise SandboxUnavailableError(f"could not create the lease volume of {self.owner}: {exc}") from exc
         self._stop.clear()
@@ -137,14 +169,15 @@ class Lease:
         _hold(self)
 
     def renew(self) -> None:
-        """Create a successor volume, then remove the older ones (those that fail stay and are retried)."""
-        with self._lock:
-            self._renewals += 1
-            name = f"skyrl-lease-{self.owner}-{self._renewals}"
-            labels = reaper.lease_labels(self.owner, self.run_id, self.ttl_s)
-            self._client.volumes.create(name=name, driver="local", labels=labels)
-            older, self._volumes = self._volumes, [name]
-            self._volumes += [volume for volume in older if not remove_volume(self._client, volume, retries=False)]
+        """Create a successor volume through the renewal client, then remove the older ones (those that fail stay).
+
+        Raises:
+            docker.errors.DockerException, requests.exceptions.RequestException: the daemon refused, or did not
+                answer within ``request_timeout_s``.
+        """
+        if self._renewer is None:
+            self._renewer = self._connect_renewals(self.request_timeout_s)
+        self._create_successor(self._renewer)
 
     def release(self) -> None:
         """Stop renewing and remove the lease volumes; idempotent (a volume that stays expires on its own)."""
@@ -152,16 +185,54 @@ class Lease:
         _HELD.discard(self)
         self._stop.set()
         if thread is not None:
-            thread.join()
+            thread.join()  # a renewal in flight ends within its request timeout
         with self._lock:
             self._volumes = [volume for volume in self._volumes if not remove_volume(self._client, volume)]
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.close()
+
+    def _create_successor(self, client: Any) -> None:
+        with self._lock:
+            self._renewals += 1
+            name = f"skyrl-lease-{self.owner}-{self._renewals}"
+            labels = reaper.lease_labels(self.owner, self.run_id, self.ttl_s)
+            sent = time.monotonic()
+            try:
+                client.volumes.create(name=name, driver="local", labels=labels)
+            except BaseException:
+                self._volumes.append(name)  # a request that timed out may still be carried out: removed later
+                raise
+            self._renewed_at = sent
+            older, self._volumes = self._volumes, [name]
+            self._volumes += [volume for volume in older if not remove_volume(client, volume, retries=False)]
 
     def _keep(self) -> None:
-        while not self._stop.wait(self.ttl_s / 4):
-            try:
-                self.renew()
-            except (docker.errors.DockerException, *_UNREACHABLE) as exc:
-                log.warning("renewing the lease of %s failed (%s); retrying in %.3g s", self.owner, exc, self.ttl_s / 4)
+        wait_s = self.ttl_s / 4
+        while not self._stop.wait(wait_s):
+            started = time.monotonic()
+            if self._try_renew():
+                wait_s = self.ttl_s / 4
+            else:  # the next attempt starts one request timeout after this one did (at once after a timeout)
+                wait_s = max(0.0, self.request_timeout_s - (time.monotonic() - started))
+
+    def _try_renew(self) -> bool:
+        try:
+            self.renew()
+        except (docker.errors.DockerException, *_UNREACHABLE) as exc:
+            if not self.lapsed:
+                log.warning("renewing the lease of %s failed (%s); retrying", self.owner, exc)
+            elif not self._lapse_logged:
+                self._lapse_logged = True
+                log.error(
+                    "the lease of %s may have expired: no renewal succeeded for %g s (last error: %s); other runs'"
+                    " reapers may remove its sandboxes", self.owner, self.ttl_s, exc,
+                )  # fmt: skip
+            return False
+        if self._lapse_logged:
+            self._lapse_logged = False
+            log.warning("the lease of %s was renewed after it had lapsed; its sandboxes may be gone", self.owner)
+        return True
 
 
 _HELD: weakref.WeakSet[Lease] = weakref.WeakSet()
@@ -276,6 +347,7 @@ class DockerSandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxClosedError(f"docker sandbox {self.id} was used after close()")
+        self._backend.check_lease()
 
 
 class DockerBackend:
@@ -299,6 +371,7 @@ class DockerBackend:
     """
 
     name = "docker"
+    mounts_model_socket = True  # honours SandboxSpec.model_socket_dir (and starts the forwarder in the container)
 
     def __init__(
         self,
@@ -337,6 +410,18 @@ class DockerBackend:
         """The ``skyrl.owner`` label of this backend's containers and images (its lease's owner id)."""
         return self._lease.owner
 
+    def check_lease(self) -> None:
+        """Raise ``SandboxUnavailableError`` while the lease may have lapsed: its sandboxes may be reaped under it.
+
+        An episode that meets this is the infrastructure's failure (retried, never a reward); the lease holds
+        again once a renewal gets through.
+        """
+        if self._lease.lapsed:
+            raise SandboxUnavailableError(
+                f"the lease of {self.owner} may have lapsed (no renewal got through the Docker daemon for "
+                f"{self._lease.ttl_s:g} s): another run may reap its sandboxes"
+            )
+
     async def create(self, spec: SandboxSpec, *, episode: str | None = None) -> DockerSandbox:
         """Start a container from ``spec`` with its shell ready.
 
@@ -344,6 +429,7 @@ class DockerBackend:
             SandboxUnavailableError: no daemon. SandboxStartError: the container or its shell did not start.
         """
         client = await self._connect()
+        self.check_lease()
         labels = managed_labels(self.run_id, episode or uuid.uuid4().hex[:12], spec.labels, owner=self.owner)
         handoff = _Handoff()
         async with self._starts:
@@ -459,20 +545,6 @@ class DockerBackend:
             nearest = min((sandbox.expires_at for sandbox in self._open.values()), default=now + 1.0)
             await asyncio.sleep(min(max(nearest - time.monotonic(), 0.05), 5.0))
 
-    async def host_route(self) -> HostRoute:
-        """The host-only network (made on first use, then shared): a sandbox in it reaches the host, nothing else.
-
-        Docker makes an ``internal`` network a bridge with no route out; the host holds the bridge's gateway
-        address, so a server listening there (a model gateway) is the one thing its containers can reach.
-        """
-        client = await self._connect()
-        try:
-            return await asyncio.to_thread(_host_only_network, client)
-        except _UNREACHABLE as exc:
-            raise SandboxUnavailableError(f"the Docker daemon stopped answering: {exc}") from exc
-        except docker.errors.APIError as exc:
-            raise SandboxStartError(f"could not create the host-only network {HOST_ONLY_NETWORK!r}: {exc}") from exc
-
     async def _connect(self) -> Any:
         """The client, with the lease held (both made on first use; the lease again after ``close``)."""
         async with self._connecting:
@@ -497,7 +569,7 @@ class DockerBackend:
         try:
             container = client.containers.create(
                 spec.image,
-                ["bash", "-c", INIT_SCRIPT, "skyrl-init", str(DEAD_MAN_S)],
+                ["bash", "-c", _init_script(spec), "skyrl-init", str(DEAD_MAN_S)],
                 stdin_open=attach,
                 # With an open stdin, "not detached" is how the SDK sets StdinOnce: when the host lets go of the
                 # attach stream (or dies), the first runner's stdin ends and it exits.
@@ -507,7 +579,8 @@ class DockerBackend:
                 working_dir=spec.workdir,
                 environment=spec.env,
                 labels=labels,
-                network_mode=spec.network_name or ("bridge" if spec.network else "none"),
+                network_mode="bridge" if spec.network else "none",
+                mounts=_model_socket_mounts(spec),
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",  # no swap: the limit is the limit
                 nano_cpus=int(spec.cpus * 1e9),
@@ -716,13 +789,18 @@ def remove_volume(client: Any, name: str, *, retries: bool = True) -> bool:
 
 
 def list_leases(client: Any, run_id: str | None) -> list[reaper.LeaseRecord]:
-    """The lease volumes (of ``run_id`` when given), for the reaper; an unreadable one counts as expired."""
+    """The lease volumes (of ``run_id`` when given), for the reaper; an unreadable one counts as expired.
+
+    The daemon stamps a volume to the whole second, rounded down; such a stamp is read as the end of its second,
+    so that a lease never expires earlier than ``ttl`` after its volume was made.
+    """
     filters = [reaper.LEASE_LABEL] + ([f"skyrl.run={run_id}"] if run_id else [])
     leases = []
     for volume in client.volumes.list(filters={"label": filters}):
         labels = volume.attrs.get("Labels") or {}
         try:
-            created_s = datetime.fromisoformat(volume.attrs["CreatedAt"]).timestamp()
+            stamp = volume.attrs["CreatedAt"]
+            created_s = datetime.fromisoformat(stamp).timestamp() + (0.0 if "." in stamp else 1.0)
             ttl_s = float(labels[reaper.LEASE_TTL_LABEL])
         except (KeyError, ValueError):
             created_s, ttl_s = 0.0, 0.0
@@ -735,26 +813,16 @@ def daemon_time_s(client: Any) -> float:
     return datetime.fromisoformat(client.info()["SystemTime"]).timestamp()
 
 
-def _host_only_network(client: Any) -> HostRoute:
-    """Find or create :data:`HOST_ONLY_NETWORK`; its name and the host's address on it."""
+def _init_script(spec: SandboxSpec) -> str:
+    """The container's main script: :data:`INIT_SCRIPT`, after the model forwarder when a model socket is mounted.
 
-    def exact() -> list[Any]:  # the name filter also matches longer names
-        return [n for n in client.networks.list(names=[HOST_ONLY_NETWORK]) if n.name == HOST_ONLY_NETWORK]
+    Started first, the forwarder is among the processes present before the first runner, which the runner keeps.
+    """
+    return INIT_SCRIPT if spec.model_socket_dir is None else forwarder_command() + INIT_SCRIPT
 
-    found = exact()
-    if not found:
-        try:
-            client.networks.create(
-                HOST_ONLY_NETWORK, driver="bridge", internal=True, check_duplicate=True, labels={"skyrl.managed": "1"}
-            )
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: another backend made it meanwhile
-                raise
-        found = exact()
-    network = found[0]
-    network.reload()
-    configs = network.attrs.get("IPAM", {}).get("Config") or []
-    gateways = [config["Gateway"] for config in configs if config.get("Gateway")]
-    if not gateways:
-        raise SandboxStartError(f"the Docker network {HOST_ONLY_NETWORK!r} has no gateway address: remove it")
-    return HostRoute(HOST_ONLY_NETWORK, gateways[0])
+
+def _model_socket_mounts(spec: SandboxSpec) -> list[docker.types.Mount] | None:
+    """The read-only bind mount of the spec's model socket directory, if any (the daemon must share our filesystem)."""
+    if spec.model_socket_dir is None:
+        return None
+    return [docker.types.Mount(MODEL_SOCKET_MOUNT, spec.model_socket_dir, type="bind", read_only=True)]

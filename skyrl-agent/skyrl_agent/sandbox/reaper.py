@@ -7,16 +7,29 @@ same answer: two runs in different PID namespaces, or on different hosts sharing
 other's live sandboxes for leaked ones.
 
 * A lease is an empty Docker volume labelled ``skyrl.lease=<owner id>``, ``skyrl.run`` and
-  ``skyrl.lease.ttl=<seconds>``. The daemon stamps its creation time with its own clock.
+  ``skyrl.lease.ttl=<seconds>``. The daemon stamps its creation time with its own clock, the only clock expiry
+  is judged by.
 * The owner renews it every ``ttl / 4`` from a thread of its own: it creates a successor volume, then removes
   the older ones, so one always exists while it renews. Releasing it (``DockerBackend.close``) removes them all.
+* A renewal request times out after ``ttl / 8`` and a failed one is retried at once, so one slow or lost request
+  costs an eighth of the lease, not all of it. An owner with no successful renewal sent within ``ttl`` knows its
+  lease may have expired (``Lease.lapsed``, and an error in the log).
 * An owner is alive iff one of its lease volumes was created less than ``ttl`` ago by the daemon's clock. A
   process that was SIGKILLed, is stopped or hung, or lost the daemon, stops renewing: after ``ttl`` its
   containers and images are reapable (``SKYRL_LEASE_TTL_S``, default 60 s).
 
-:func:`reap` removes what belongs to dead owners (or everything, or one run's) and the expired leases.
-:func:`install_reaper` does that at start-up, and removes this run's sandboxes at exit and on SIGTERM/SIGINT
-(then calls the previous handler). A SIGKILLed run cannot clean up after itself; a start-up or a
+:func:`reap` removes what belongs to dead owners (or everything, or one run's) and the expired leases. An owner
+of containers or images is dead only when it is found dead twice::
+
+    list containers and images, then leases         # an owner's lease exists before its first resource
+    suspects = their owners without a live lease
+    wait the suspects' renewal period (ttl / 4)     # none when no suspect holds a lease: nothing to wait for
+    read the daemon's clock, list leases again      # right before removing
+    dead = suspects still without a live lease that created no lease volume in between
+
+so a renewal that lands late (the daemon was slow, the reaper read its clock just before) keeps its owner's
+sandboxes. :func:`install_reaper` does that at start-up, and removes this run's sandboxes at exit and on
+SIGTERM/SIGINT (then calls the previous handler). A SIGKILLed run cannot clean up after itself; a start-up or a
 ``skyrl-agent reap`` more than ``ttl`` after its death does.
 """
 
@@ -29,8 +42,9 @@ import os
 import re
 import signal
 import socket
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -76,6 +90,27 @@ def live_owners(leases: Iterable[LeaseRecord], now_s: float) -> set[str]:
     return {lease.owner for lease in leases if now_s < lease.created_s + lease.ttl_s}
 
 
+def confirmation_s(leases: Iterable[LeaseRecord], suspects: set[str]) -> float:
+    """Seconds to wait before confirming that ``suspects`` are dead: the longest renewal period among their leases.
+
+    0 when no suspect holds a lease: an owner without one is not renewing, so waiting could not change the verdict.
+    """
+    return max((lease.ttl_s / 4 for lease in leases if lease.owner in suspects), default=0.0)
+
+
+def survivors(
+    first: Sequence[LeaseRecord], second: Sequence[LeaseRecord], now_s: float, unsuspected: set[str]
+) -> set[str]:
+    """The owners to keep after a confirmation wait: live in ``second`` (at ``now_s``), or renewed since ``first``.
+
+    An owner that created a lease volume between the two listings is alive, whatever its stamp says.
+    ``unsuspected`` (owners of resources found live in ``first``) are kept too: one listing is not two verdicts.
+    """
+    seen = {lease.name for lease in first}
+    renewed = {lease.owner for lease in second if lease.name not in seen}
+    return live_owners(second, now_s) | renewed | unsuspected
+
+
 @functools.cache
 def default_run_id() -> str:
     """This process's run id: host, PID and a random suffix."""
@@ -91,14 +126,17 @@ class ReapReport:
     leases: list[str] = field(default_factory=list)
 
 
-def reap(run_id: str | None = None, *, dead_only: bool = True) -> ReapReport:
-    """Remove managed containers, then images, whose owner holds no live lease (all of them if not ``dead_only``).
+def reap(
+    run_id: str | None = None, *, dead_only: bool = True, wait: Callable[[float], None] = time.sleep
+) -> ReapReport:
+    """Remove managed containers, then images, of dead owners (all of them if not ``dead_only``), and their leases.
 
-    The leases of those owners go too.
+    An owner is dead when found so twice, before and after a confirmation wait (see the module docstring).
 
     Args:
         run_id: only this run's resources (default: every run's).
         dead_only: keep resources whose owner's lease is live.
+        wait: waits out the confirmation, given in seconds (``time.sleep``).
 
     Raises:
         SandboxUnavailableError: no Docker daemon answered.
@@ -106,25 +144,59 @@ def reap(run_id: str | None = None, *, dead_only: bool = True) -> ReapReport:
     from skyrl_agent.sandbox import docker_backend  # the docker SDK is imported only where it is adapted
 
     client = docker_backend.connect()
-    report = ReapReport()
     try:
-        # Resources first: an owner's lease exists before its first resource and until after its last, so a
-        # resource listed here has its owner's lease (if live) in the listing that follows.
         containers, images = docker_backend.list_managed(client, run_id)
-        now_s = docker_backend.daemon_time_s(client)
-        leases = docker_backend.list_leases(client, run_id)
-        live = live_owners(leases, now_s) if dead_only else set()
-        for container in containers:
-            if container.labels.get(OWNER_LABEL) not in live and docker_backend.remove_container(container):
-                report.containers.append(container.short_id)
-        for image in images:
-            if image.labels.get(OWNER_LABEL) not in live and docker_backend.remove_image(client, image):
-                report.images.append(image.short_id)
-        for lease in leases:
-            if lease.owner not in live and docker_backend.remove_volume(client, lease.name):
-                report.leases.append(lease.name)
+        if dead_only:
+            owners = {_owner_of(resource) for resource in (*containers, *images)}
+            leases, alive = _alive_owners(client, run_id, owners, wait)
+        else:
+            leases, alive = docker_backend.list_leases(client, run_id), set()
+        return _remove_unowned(client, containers, images, leases, alive)
     finally:
         client.close()
+
+
+def _owner_of(resource: Any) -> str:
+    return str(resource.labels.get(OWNER_LABEL, ""))
+
+
+def _alive_owners(
+    client: Any, run_id: str | None, owners: set[str], wait: Callable[[float], None]
+) -> tuple[list[LeaseRecord], set[str]]:
+    """The newest listing of leases and the owners alive by it, among ``owners`` (of resources) and lease holders."""
+    from skyrl_agent.sandbox import docker_backend
+
+    # Listed after the resources: a resource listed before has its owner's lease (if live) in this listing. The
+    # clock is read before each listing, so a lease created in between is judged by a time before its stamp.
+    now_s = docker_backend.daemon_time_s(client)
+    first = docker_backend.list_leases(client, run_id)
+    live = live_owners(first, now_s)
+    suspects = owners - live
+    wait_s = confirmation_s(first, suspects)
+    if wait_s == 0:
+        return first, live
+    wait(wait_s)
+    now_s = docker_backend.daemon_time_s(client)
+    second = docker_backend.list_leases(client, run_id)
+    return second, survivors(first, second, now_s, owners - suspects)
+
+
+def _remove_unowned(
+    client: Any, containers: list[Any], images: list[Any], leases: list[LeaseRecord], alive: set[str]
+) -> ReapReport:
+    """Remove the containers, images and leases whose owner is not in ``alive``."""
+    from skyrl_agent.sandbox import docker_backend
+
+    report = ReapReport()
+    for container in containers:
+        if _owner_of(container) not in alive and docker_backend.remove_container(container):
+            report.containers.append(container.short_id)
+    for image in images:
+        if _owner_of(image) not in alive and docker_backend.remove_image(client, image):
+            report.images.append(image.short_id)
+    for lease in leases:
+        if lease.owner not in alive and docker_backend.remove_volume(client, lease.name):
+            report.leases.append(lease.name)
     return report
 
 

@@ -40,14 +40,20 @@ import secrets
 import shlex
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxBackend, SandboxSpec
-from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
+from skyrl_agent.sandbox.base import (
+    CommandResult,
+    Sandbox,
+    SandboxBackend,
+    SandboxClosedError,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailableError,
+)
 from skyrl_agent.tasks.format import SWETask, parse_test_command, repo_files
 from skyrl_agent.tasks.policy import patch_paths, protected, violations
 from skyrl_agent.tasks.workspace import GIT, WorkspaceError, prepare_workspace, write_repo
@@ -58,6 +64,8 @@ LOG_CAP = 8 << 20  # bytes of test log kept in the sandbox (plus its last 64 KiB
 RETRY_FACTOR = 3.0  # a retried run's limit: this many times the task's reference time (at least its timeout_s)
 RETRY_MARGIN_S = 10.0
 _HARNESS = (Path(__file__).parent / "harness.py").read_bytes()
+_TRIPWIRE = (Path(__file__).parent / "tripwire.py").read_bytes()
+IDLE_SHARE = 0.05  # a timed-out run whose tests used less CPU than this (cores, second half of the run) slept
 _LOG_TAIL = 4000  # characters of the test log kept on the result
 # pytest reports more than one status for a test that passes and errors in teardown: the worst one wins.
 _RANK = {"ERROR": 5, "FAILED": 4, "XPASS": 3, "SKIPPED": 2, "XFAIL": 1, "PASSED": 0}
@@ -69,6 +77,20 @@ done
 {git} show {ref}:tox.ini 2>/dev/null | grep -q '^\\[pytest\\]' && {{ echo tox.ini; exit 0; }}
 {git} show {ref}:setup.cfg 2>/dev/null | grep -q '^\\[tool:pytest\\]' && {{ echo setup.cfg; exit 0; }}
 exit 0
+"""
+
+# For each NUL-separated path in "$d/restore": clear any ancestor the patch made a file, then check the path out
+# of the base commit (replacing whatever the patch put there) or, if the base does not have it, remove it.
+_RESTORE = """
+while IFS= read -r -d "" p; do
+  rest="$p"; a=""
+  while case "$rest" in */*) true;; *) false;; esac; do
+    a="${{a:+$a/}}${{rest%%/*}}"; rest="${{rest#*/}}"
+    if [ -L "$a" ] || {{ [ -e "$a" ] && [ ! -d "$a" ]; }}; then rm -f -- "$a" || exit 1; fi
+  done
+  rm -rf -- "$p" || exit 1
+  if {git} cat-file -e {ref}:"$p" 2>/dev/null; then {git} checkout -q {ref} -- "$p" || exit 1; fi
+done < "$d/restore"
 """
 
 log = logging.getLogger(__name__)
@@ -100,6 +122,12 @@ class GradeResult:
     attempts: int = 1  # 2 when the first run timed out and was retried alone
     log_truncated: bool = False  # the test log passed LOG_CAP (the report is not affected)
     tests_run: int = 0  # tests pytest collected
+    busy_share: float | None = None  # a timed-out run: cores the tests used over its second half (None: unknown)
+
+    @property
+    def slept(self) -> bool:
+        """Whether a timed-out run's tests slept through it (a busy machine slows tests down, it does not stop them)."""
+        return self.status == "timeout" and self.busy_share is not None and self.busy_share < IDLE_SHARE
 
 
 def default_concurrency(spec: SandboxSpec | None = None) -> int:
@@ -139,19 +167,19 @@ class Grader:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         self.log_cap = log_cap
-        self._gate = _Gate(self.concurrency)
+        self._slots = asyncio.Semaphore(self.concurrency)
 
     async def grade(self, task: SWETask, model_patch: str, *, spec: SandboxSpec | None = None) -> GradeResult:
-        """Grade ``model_patch`` against ``task``; a timed-out run is retried once, alone (module docstring)."""
+        """Grade ``model_patch`` against ``task``; a timed-out run that did not sleep is retried once (module doc)."""
         start = time.monotonic()
         rejected = violations(model_patch)
         if rejected:
             error = "the patch policy forbids this diff: " + "; ".join(rejected)
             return GradeResult(task.id, False, "patch_rejected", error=error)
-        async with self._gate.shared():
+        async with self._slots:
             result = await self._attempt(task, model_patch, task.timeout_s, spec)
-        if result.status == "timeout":
-            async with self._gate.alone():
+        if result.status == "timeout" and not result.slept:
+            async with self._slots:  # one slot like any grading: a hanging patch holds no one else up
                 result = replace(await self._attempt(task, model_patch, retry_limit(task), spec), attempts=2)
         return replace(result, duration_s=time.monotonic() - start)
 
@@ -234,8 +262,11 @@ class _Run:
                 return GradeResult(
                     task.id, False, "patch_failed", log=applied.output[-_LOG_TAIL:], error="patch failed"
                 )
-        await self._restore(protected(await self._changed_paths(), task))
-        await self._restore([*patch_paths(task.test_patch), *task.hidden_tests, *task.test_files])
+        try:
+            await self._restore(protected(await self._changed_paths(), task))
+            await self._restore([*patch_paths(task.test_patch), *task.hidden_tests, *task.test_files])
+        except _PatchInTheWay as exc:
+            return GradeResult(task.id, False, "tampered", error=str(exc))
         if task.test_patch:
             applied = await self._apply(task.test_patch, "tests.diff", fallback=False)
             if applied.exit_code != 0:
@@ -254,25 +285,32 @@ class _Run:
 
     async def _changed_paths(self) -> list[str]:
         # `ls-files --others` without --exclude-standard also lists ignored files: a planted .gitignore hides nothing.
-        result = await self._sh(f"{GIT} diff --name-only --no-renames -z {self.ref} && {GIT} ls-files --others -z")
-        if result.exit_code != 0 or result.truncated:
+        # The list goes through a file: a patch with many files must not overflow the command output's cap.
+        listed = f"{GIT} diff --name-only --no-renames -z {self.ref} && {GIT} ls-files --others -z"
+        result = await self._sh(f'mkdir -p "$d" && {{ {listed}; }} > "$d/changed"')
+        if result.exit_code != 0:
             raise WorkspaceError(f"task {self.task.id}: could not list the files the patch changed: {result.output}")
-        return [path for path in result.output.split("\0") if path]
+        data = await self.sandbox.read_file(f"{self.dir}/changed")
+        return [path for path in data.decode("utf-8", errors="surrogateescape").split("\0") if path]
 
     async def _restore(self, paths: Iterable[str]) -> None:
-        """Put ``paths`` back as they are at the base commit: check out the tracked ones, delete the others."""
+        """Put ``paths`` back as they are at the base commit: check out the tracked ones, delete the others.
+
+        A path whose parent the patch replaced with a file (or whose own place holds a directory of the patch's)
+        is cleared first: the hidden tests go where the task says. Raises :class:`_PatchInTheWay` when the
+        patch's files still keep a path from being restored.
+        """
         paths = list(dict.fromkeys(path for path in paths if path))
         if not paths:
             return
-        quoted = " ".join(shlex.quote(path) for path in paths)
-        command = (
-            f"for p in {quoted}; do "
-            f'if {GIT} cat-file -e {self.ref}:"$p" 2>/dev/null; then {GIT} checkout -q {self.ref} -- "$p"; '
-            'else rm -rf -- "$p"; fi || exit 1; done'
-        )
+        data = "".join(f"{path}\0" for path in paths)
+        await self.sandbox.write_file(f"{self.dir}/restore", data)
+        command = _RESTORE.format(git=GIT, ref=self.ref)
         result = await self._sh(command)
         if result.exit_code != 0:
-            raise WorkspaceError(f"task {self.task.id}: could not restore test files: {result.output[-500:]}")
+            raise _PatchInTheWay(
+                f"task {self.task.id}: the patch's files keep the tests from being put back: {result.output[-500:]}"
+            )
 
     async def _config(self) -> str:
         """The task's pytest config file at the base commit (restored in the tree), or an empty one of ours."""
@@ -287,6 +325,7 @@ class _Run:
         task, command = self.task, parse_test_command(self.task.test_command)
         guard = [*test_targets(task), *task.hidden_tests, *patch_paths(task.test_patch)]
         await self.sandbox.write_file(f"{self.dir}/harness.py", _HARNESS)
+        await self.sandbox.write_file(f"{self.dir}/tripwire.py", _TRIPWIRE)
         await self.sandbox.write_file(f"{self.dir}/guard", "".join(f"{path}\n" for path in dict.fromkeys(guard)))
         await self.sandbox.write_file(f"{self.dir}/token", self.token)
         config = await self._config()
@@ -297,30 +336,46 @@ class _Run:
         clean = "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; rm -rf .pytest_cache ; "
         run = f'{clean}{supervisor} {options} {child} --guard "$d/guard" {pytest_args}'
         try:
+            # From here on the sandbox runs the patch's code: what becomes of it is the patch's doing.
             result = await self._sh(run, timeout_s=self.limit + 60)
-        except CommandBrokeSandboxError as exc:
-            # This command runs the patch's code: a sandbox it ended from the inside is the patch's doing.
+            summary = _summary(result.output, self.token)
+            if summary is None:
+                return self._unreported(result)
+            files = [await self._read(f"{self.dir}/{name}") for name in ("report.jsonl", "test.log")]
+        except (SandboxUnavailableError, SandboxClosedError):
+            raise  # the daemon stopped answering, or the grader closed the sandbox: not the patch
+        except SandboxError as exc:
             error = f"the patched code ended the grading sandbox from the inside: {exc}"
             return GradeResult(task.id, False, "broke_sandbox", error=error)
-        summary = _summary(result.output, self.token)
-        if summary is None:
-            why = " (the sandbox command timed out)" if result.timed_out else ""
-            why = " (its output was flooded past the sandbox's cap)" if result.truncated else why
-            error = f"the grading harness did not report{why}"
-            return GradeResult(task.id, False, "error", log=result.output[-_LOG_TAIL:], error=error)
-        return self._verdict(summary, await self._read(f"{self.dir}/report.jsonl"), await self._log())
+        return self._verdict(summary, *files)
 
-    def _verdict(self, summary: Mapping[str, Any], report: bytes, log: str) -> GradeResult:
+    def _unreported(self, result: CommandResult) -> GradeResult:
+        """No summary from the supervisor: the tests (the patch's code) killed it, starved it or buried its line."""
+        if result.timed_out:
+            status, why = "timeout", "the sandbox command timed out: the tests kept the harness from finishing"
+        else:
+            status = "broke_sandbox"
+            why = "its output was flooded past the sandbox's cap" if result.truncated else "it was ended from inside"
+        error = f"the grading harness did not report ({why})"
+        return GradeResult(self.task.id, False, status, log=result.output[-_LOG_TAIL:], error=error)
+
+    def _verdict(self, summary: Mapping[str, Any], report: bytes | str, log: bytes | str) -> GradeResult:
+        """The verdict from the supervisor's summary and the raw files (a str for a file: why it could not be read)."""
         task = self.task
-        problems: list[str] = []
+        problems = [f"the {name} could not be read: {why}" for name, why in (("report", report), ("test log", log))
+                    if isinstance(why, str)]  # fmt: skip
+        report = report if isinstance(report, bytes) else b""
+        log_text = log[-4 * _LOG_TAIL :].decode("utf-8", errors="replace") if isinstance(log, bytes) else ""
+        if summary.get("report_error"):
+            problems.append(f"the harness could not write its report: {summary['report_error']}")
         if hashlib.sha256(report).hexdigest() != summary.get("report_sha256"):
             # Nothing in a report rewritten behind the harness's back is read (it may not even parse).
             problems.append("the report file changed after the harness wrote it")
             report = b""
-        tests, finish = _parse_report(report)
+        tests, finish, tampered = _parse_report(report)
         f2p = {node: tests.get(node) in PASSING for node in task.fail_to_pass}
         p2p = {node: tests.get(node) in PASSING or tests.get(node) == "SKIPPED" for node in task.pass_to_pass}
-        problems += list(finish.get("tampered", [])) if finish else []
+        problems += tampered
         if summary.get("forged"):
             problems.append(f"{summary['forged']} unsigned lines arrived on the report channel")
         resolved = all(f2p.values()) and all(p2p.values()) and finish is not None and not problems
@@ -332,24 +387,26 @@ class _Run:
         elif finish is None:
             error = f"the test process ended (exit {summary.get('exit_code')}) before pytest finished its session"
         return GradeResult(
-            task.id, resolved, status, tests, f2p, p2p, log[-_LOG_TAIL:], error,
+            task.id, resolved, status, tests, f2p, p2p, log_text[-_LOG_TAIL:], error,
             test_s=float(summary.get("duration_s", 0.0)), log_truncated=bool(summary.get("log_truncated")),
             tests_run=int(finish.get("collected", 0)) if finish else 0,
+            busy_share=summary.get("busy_share"),
         )  # fmt: skip
 
-    async def _read(self, path: str) -> bytes:
+    async def _read(self, path: str) -> bytes | str:
+        """The bytes of a file the supervisor wrote, or why they cannot be read (the tests may have replaced it)."""
         try:
             return await self.sandbox.read_file(path)
-        except FileNotFoundError:
-            return b""
-
-    async def _log(self) -> str:
-        data = await self._read(f"{self.dir}/test.log")
-        return data[-4 * _LOG_TAIL :].decode("utf-8", errors="replace")
+        except OSError as exc:  # a directory, a file made unreadable or too large, or removed
+            return f"{type(exc).__name__}: {exc}"
 
     async def _sh(self, command: str, *, timeout_s: float = 120.0) -> CommandResult:
         prefix = f'd="${{TMPDIR:-/tmp}}/{self.name}"; '
         return await self.sandbox.run(prefix + command, timeout_s=timeout_s, workdir=self.task.workdir)
+
+
+class _PatchInTheWay(Exception):
+    """The patch's files keep a test file from being put back where the task has it."""
 
 
 def without_summary(args: Iterable[str]) -> list[str]:
@@ -374,54 +431,41 @@ def _summary(output: str, token: str) -> dict[str, Any] | None:
     return None
 
 
-def _parse_report(report: bytes) -> tuple[dict[str, str], dict[str, Any] | None]:
-    """Node id → worst status, and the session's final record (None when the session did not finish)."""
+def _parse_report(report: bytes) -> tuple[dict[str, str], dict[str, Any] | None, list[str]]:
+    """Node id → worst status, the session's final record (None when it did not finish), and tamper findings."""
     tests: dict[str, str] = {}
     finish: dict[str, Any] | None = None
+    tampered: list[str] = []
     for line in report.splitlines():
         record = json.loads(line)  # the harness wrote every line with json.dumps, and the hash says it did
-        if record.get("t") == "finish":
+        kind = record.get("t")
+        if kind == "finish":
             finish = record
-        elif record.get("t") == "test" and record.get("s") in _RANK:
-            node, status = str(record["id"]), str(record["s"])
-            if _RANK[status] >= _RANK.get(tests.get(node, ""), -1):
+        elif kind == "tamper":
+            tampered.append(str(record.get("what")))
+        elif kind == "test":
+            node, status = str(record.get("id")), status_of(record)
+            if status is not None and _RANK[status] >= _RANK.get(tests.get(node, ""), -1):
                 tests[node] = status
-    return tests, finish
+    return tests, finish, tampered
 
 
-class _Gate:
-    """``shared`` holders up to a limit, or one ``alone`` holder with nobody else; a waiting ``alone`` goes first."""
+def status_of(record: Mapping[str, Any]) -> str | None:
+    """The SWE-bench status of one test phase, from the raw facts the harness sent (None: the phase decides none).
 
-    def __init__(self, limit: int) -> None:
-        self._limit, self._holders, self._alone_waiting, self._alone = limit, 0, 0, False
-        self._changed = asyncio.Condition()
-
-    @asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: not self._alone and not self._alone_waiting and self._holders < self._limit
-            )
-            self._holders += 1
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self._holders -= 1
-                self._changed.notify_all()
-
-    @asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
-        async with self._changed:
-            self._alone_waiting += 1
-            try:
-                await self._changed.wait_for(lambda: not self._alone and self._holders == 0)
-            finally:
-                self._alone_waiting -= 1
-            self._alone = True
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self._alone = False
-                self._changed.notify_all()
+    A call phase that passed counts as PASSED only if it reached the test function; a skip or an xfail counts as
+    SKIPPED or XFAIL only if the tests declared it (a marker, or raised from a test file or ``conftest.py``), and
+    as FAILED when the code under test raised it.
+    """
+    when, outcome = record.get("when"), record.get("outcome")
+    xfail, declared = bool(record.get("xfail")), bool(record.get("declared"))
+    if when == "collect":
+        return "ERROR" if outcome == "failed" else None
+    skipped = ("XFAIL" if xfail else "SKIPPED") if declared else "FAILED"
+    if when == "call":
+        if outcome == "passed":
+            return "XPASS" if xfail else ("PASSED" if record.get("ran") else "FAILED")
+        return skipped if outcome == "skipped" else "FAILED"
+    if outcome == "failed":
+        return "ERROR"
+    return skipped if when == "setup" and outcome == "skipped" else None

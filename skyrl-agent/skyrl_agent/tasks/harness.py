@@ -5,27 +5,33 @@ own outside the repository under test, with a one-time token in ``DIR/token``, a
 ``PYTHON -I harness.py run --dir DIR … -- child …``. Two processes:
 
 ``run`` (the supervisor)
-    Reads and deletes the token, then starts the test process with a clean environment. The test process's stdout
-    and stderr go to a pipe that the supervisor drains without pause into ``DIR/test.log`` (the first
-    ``--log-cap`` bytes and the last 64 KiB are kept, the bytes between are counted), so the tests never block on
-    output. Results come on a second pipe, each line signed with a token the test process got on its stdin; a
-    line without it is counted as forged. At ``--timeout`` the test process group gets SIGTERM, and SIGKILL 5 s
-    later. The supervisor writes the results to ``DIR/report.jsonl`` and prints one JSON line: the token, exit
-    code, timed out, log size, truncated, forged lines and the SHA-256 of the report.
+    Reads and deletes the token, makes itself undumpable (the test process, running as the same user, can then
+    neither read nor write its memory or descriptors through ``/proc``), then starts the test process with a
+    clean environment. The test process's stdout and stderr go to a pipe that the supervisor drains without pause
+    into ``DIR/test.log`` (the first ``--log-cap`` bytes and the last 64 KiB are kept, the bytes between are
+    counted), so the tests never block on output. Results come on a second pipe, each line signed with a token
+    the test process got on its stdin; a line without it is counted as forged. At ``--timeout`` the test process
+    group gets SIGTERM, and SIGKILL 5 s later. The supervisor writes the results to ``DIR/report.jsonl`` and
+    prints one JSON line: the token, exit code, timed out, log size, truncated, forged lines, CPU seconds, and the
+    SHA-256 of the report.
 
 ``child`` (the test process)
-    Imports pytest and the task's declared plugins while nothing of the repository is on ``sys.path`` (``-I``:
-    no current directory, no ``PYTHON*`` variables, no user site), and only then puts the repository first on
-    ``sys.path`` and calls ``pytest.main`` with plugin autoload off, an explicit ``--rootdir``, ``-c`` config and
-    ``--confcutdir``, and :class:`Reporter` as a plugin object. The reporter sends one line per test phase and a
-    final line when the session ends; a run that dies before the end has no final line.
+    Loads the tripwire (``tripwire.py`` beside this file), imports pytest, its own plugins and the task's declared
+    plugins while nothing of the repository is on ``sys.path`` (``-I``: no current directory, no ``PYTHON*``
+    variables, no user site), arms the tripwire (:mod:`skyrl_agent.tasks.tripwire`: an audit hook, guarded
+    modules and a snapshot of the runner), and only then puts the repository first on ``sys.path`` and calls
+    ``pytest.main`` with plugin autoload off, an explicit ``--rootdir``, ``-c`` config and ``--confcutdir``, and
+    :class:`Reporter` as a plugin object.
 
-The reporter is also a tripwire. It hashes the hidden test files before any code of the repository runs and
-checks each again as pytest starts collecting it (a test module rewritten on disk by code under test is
-caught), and at the end of the session it checks that the pytest functions which decide an outcome are the ones
-it saw at the start and that no plugin was registered from a module of the repository other than a
-``conftest.py``. Findings are reported as ``tampered``. Code under test runs in the test process, so this raises
-the bar without being a wall (docs/agent/tasks.md, "What grading guarantees").
+The reporter sends raw facts, not statuses: per test phase its outcome, whether it was an xfail, whether a skip
+or xfail was declared by the tests themselves (a marker, or raised from a hidden test file or a ``conftest.py``,
+not from the code under test), and whether the call phase reached the test function at all. The grader turns
+them into statuses. It hashes the hidden test files before any code of the repository runs and checks each again
+as pytest starts collecting it, and at the end it checks that no plugin was registered from a module of the
+repository other than a ``conftest.py`` and that every hook implementation belongs to a registered plugin.
+Findings are sent the moment they are made, as ``tamper`` lines, and make the verdict ``tampered``. Code under
+test runs in the test process, so this raises the bar without being a wall (docs/agent/tasks.md, "What grading
+guarantees").
 """
 
 from __future__ import annotations
@@ -42,17 +48,6 @@ from typing import Any
 
 KEEP_TAIL = 64 * 1024  # bytes at the end of the log always kept, past the cap
 KILL_AFTER_S = 5.0
-# pytest functions that turn a test call into its outcome: replacing one of them forges results.
-WATCHED = (
-    ("_pytest.runner", "call_and_report"),
-    ("_pytest.runner", "runtestprotocol"),
-    ("_pytest.runner", "pytest_runtest_makereport"),
-    ("_pytest.runner", "check_interactive_exception"),
-    ("_pytest.skipping", "pytest_runtest_makereport"),
-    ("_pytest.reports", "TestReport"),
-    ("_pytest.python", "Function"),
-)
-WATCHED_ATTRS = (("_pytest.reports", "TestReport", "from_item_and_call"), ("_pytest.reports", "TestReport", "__init__"))
 
 
 def supervise(argv: list[str]) -> None:
@@ -63,9 +58,11 @@ def supervise(argv: list[str]) -> None:
     with open(token_path) as handle:
         token = handle.read().strip()
     os.unlink(token_path)
+    _undumpable()
     start = time.monotonic()
     child_token = os.urandom(16).hex()
     report_r, report_w = os.pipe()
+    log = open(os.path.join(directory, "test.log"), "wb")  # noqa: SIM115 (before the tests start: theirs to race)
     proc = subprocess.Popen(
         [sys.executable, "-I", os.path.abspath(__file__), *rest[:1], "--report-fd", str(report_w), *rest[1:]],
         stdin=subprocess.PIPE,
@@ -80,14 +77,62 @@ def supervise(argv: list[str]) -> None:
     with contextlib.suppress(BrokenPipeError):
         proc.stdin.write(child_token.encode() + b"\n")
         proc.stdin.close()
-    drained = _drain(proc, report_r, os.path.join(directory, "test.log"), cap, start + limit)
+    with log:
+        drained = _drain(proc, report_r, log, cap, start + limit)
     records, forged = _signed(drained.pop("report"), child_token)
     body = "".join(json.dumps(record) + "\n" for record in records).encode()
-    with open(os.path.join(directory, "report.jsonl"), "wb") as handle:
-        handle.write(body)
     summary = {"token": token, "exit_code": proc.returncode, **drained, "forged": forged}
+    try:  # the tests ran as this user and may have put anything at this path: a failure is theirs, and reported
+        fd = os.open(os.path.join(directory, "report.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(body)
+    except OSError as exc:
+        summary["report_error"] = f"{type(exc).__name__}: {exc}"
     summary.update(report_sha256=hashlib.sha256(body).hexdigest(), duration_s=round(time.monotonic() - start, 3))
     print(json.dumps(summary))
+
+
+class _CpuWatch:
+    """Samples the test process's CPU time, to tell at the deadline whether it was working or asleep.
+
+    The share is taken over the second half of the run, so the start-up of pytest does not count: a hang that
+    sleeps (or waits on something that never comes) uses nothing there, a slow or starved run uses some.
+    """
+
+    def __init__(self, pid: int, start: float) -> None:
+        self._path, self._start = f"/proc/{pid}/stat", start
+        self._samples: list[tuple[float, float]] = []
+        self._tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+    def sample(self, now: float) -> None:
+        cpu = self._cpu_s()
+        if cpu is not None:
+            self._samples.append((now, cpu))
+
+    def share(self, now: float) -> float | None:
+        """CPU seconds per second over the second half of the run so far; None when /proc cannot tell."""
+        self.sample(now)
+        middle = self._start + (now - self._start) / 2
+        later = [sample for sample in self._samples if sample[0] >= middle]
+        if len(later) < 2 or later[-1][0] - later[0][0] <= 0:
+            return None
+        return round((later[-1][1] - later[0][1]) / (later[-1][0] - later[0][0]), 4)
+
+    def _cpu_s(self) -> float | None:
+        try:
+            with open(self._path) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            return sum(int(value) for value in fields[11:15]) / self._tick  # utime, stime, cutime, cstime
+        except (OSError, IndexError, ValueError):
+            return None
+
+
+def _undumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): a process of the same user may no longer ptrace this one or open its /proc files."""
+    with contextlib.suppress(Exception):  # not Linux, or no libc: the other guards still hold
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
 
 
 def _signed(raw: bytes, token: str) -> tuple[list[Any], int]:
@@ -112,8 +157,8 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _drain(proc: subprocess.Popen[bytes], report_fd: int, log_path: str, cap: int, deadline: float) -> dict[str, Any]:
-    """Copy the test output to ``log_path`` (the head up to ``cap``, then a tail ring) and collect the report pipe.
+def _drain(proc: subprocess.Popen[bytes], report_fd: int, log: Any, cap: int, deadline: float) -> dict[str, Any]:
+    """Copy the test output to ``log`` (the head up to ``cap``, then a tail ring) and collect the report pipe.
 
     Ends when both pipes are closed, or once the test process has exited and a second has passed (a daemon it
     left behind may hold a pipe open). Returns the raw report bytes, the bytes of output, whether some of them
@@ -126,42 +171,45 @@ def _drain(proc: subprocess.Popen[bytes], report_fd: int, log_path: str, cap: in
     open_fds, report = {out_fd, report_fd}, bytearray()
     written, dropped, tail = 0, 0, b""
     timed_out, kill_at, exited_at = False, float("inf"), float("inf")
-    with open(log_path, "wb") as log:
-        while open_fds:
-            now = time.monotonic()
-            if exited_at == float("inf") and proc.poll() is not None:
-                exited_at = now
-            if now > exited_at + 1.0:
-                break
-            if not timed_out and now >= deadline:
-                timed_out, kill_at = True, now + KILL_AFTER_S
-                _signal_group(proc.pid, signal.SIGTERM)
-            if now >= kill_at:
-                _signal_group(proc.pid, signal.SIGKILL)
-                kill_at = float("inf")
-            wake = min(deadline if not timed_out else kill_at, now + 1.0)
-            ready, _, _ = select.select(list(open_fds), [], [], max(0.0, wake - now))
-            for fd in ready:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    open_fds.discard(fd)
-                elif fd == report_fd:
-                    report += chunk
-                else:
-                    room = max(cap - written, 0)
-                    log.write(chunk[:room])
-                    written += min(room, len(chunk))
-                    if len(chunk) > room:
-                        tail = (tail + chunk[room:])[-KEEP_TAIL:]
-                        dropped += len(chunk) - room
-        if dropped > len(tail):
-            log.write(b"\n[log truncated: %d bytes dropped past the %d-byte cap]\n" % (dropped - len(tail), cap))
-        log.write(tail)
+    cpu, busy = _CpuWatch(proc.pid, time.monotonic()), None
+    period = min(1.0, max(0.05, (deadline - time.monotonic()) / 20))  # enough CPU samples in a short run
+    while open_fds:
+        now = time.monotonic()
+        if exited_at == float("inf") and proc.poll() is not None:
+            exited_at = now
+        if now > exited_at + 1.0:
+            break
+        if not timed_out:
+            cpu.sample(now)
+        if not timed_out and now >= deadline:
+            timed_out, kill_at, busy = True, now + KILL_AFTER_S, cpu.share(now)
+            _signal_group(proc.pid, signal.SIGTERM)
+        if now >= kill_at:
+            _signal_group(proc.pid, signal.SIGKILL)
+            kill_at = float("inf")
+        wake = min(deadline if not timed_out else kill_at, now + period)
+        ready, _, _ = select.select(list(open_fds), [], [], max(0.0, wake - now))
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.discard(fd)
+            elif fd == report_fd:
+                report += chunk
+            else:
+                room = max(cap - written, 0)
+                log.write(chunk[:room])
+                written += min(room, len(chunk))
+                if len(chunk) > room:
+                    tail = (tail + chunk[room:])[-KEEP_TAIL:]
+                    dropped += len(chunk) - room
+    if dropped > len(tail):
+        log.write(b"\n[log truncated: %d bytes dropped past the %d-byte cap]\n" % (dropped - len(tail), cap))
+    log.write(tail)
     _signal_group(proc.pid, signal.SIGKILL)  # whatever the tests left running behind them
     proc.wait()
     os.close(report_fd)
     return {"report": bytes(report), "timed_out": timed_out, "log_bytes": written + dropped,
-            "log_truncated": dropped > len(tail)}  # fmt: skip
+            "log_truncated": dropped > len(tail), "busy_share": busy}  # fmt: skip
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -170,7 +218,7 @@ def _signal_group(pid: int, signum: int) -> None:
 
 
 def run_tests(argv: list[str]) -> None:
-    """``child`` mode: import the runner first, then the repository; run pytest with :class:`Reporter`."""
+    """``child`` mode: arm the tripwire over the runner before the repository is imported; run pytest."""
     opts, pytest_args = _options(argv, ("--report-fd", "--workdir", "--config", "--plugins", "--guard"))
     token = sys.stdin.buffer.readline().strip()
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -178,37 +226,94 @@ def run_tests(argv: list[str]) -> None:
     os.close(devnull)
     import importlib
 
+    channel = _Channel(int(opts["--report-fd"]), token)
+    plugins = [name for name in opts["--plugins"].split(",") if name]
+    tripwire = _load_tripwire().Tripwire(channel.tamper, tuple(name.split(".")[0] for name in plugins))
     import pytest
 
-    declared = [importlib.import_module(name) for name in opts["--plugins"].split(",") if name]
+    _import_runner(importlib)
+    declared = [importlib.import_module(name) for name in plugins]
     workdir = os.path.realpath(opts["--workdir"])
     with open(opts["--guard"]) as handle:
         guard = [line for line in handle.read().splitlines() if line]
-    reporter = Reporter(int(opts["--report-fd"]), token, workdir, guard)
+    for name in ("pytest_pyfunc_call", "pytest_runtest_call", "pytest_runtest_makereport"):
+        pytest.hookimpl(hookwrapper=True)(getattr(Reporter, name))
+    reporter = Reporter(channel, tripwire, workdir, guard)
+    tripwire.arm()  # from here on, code under test may import: nothing of the repository has run yet
     os.chdir(workdir)
     sys.path.insert(0, workdir)  # what `python -m pytest` gives the tests, added after the runner is imported
     args = ["-c", opts["--config"], "--rootdir", workdir, "--confcutdir", workdir, *pytest_args]
     sys.exit(int(pytest.main(args, plugins=[*declared, reporter])))
 
 
-class Reporter:
-    """A pytest plugin object: one signed line per test phase, and a final line when the session ends."""
+def _load_tripwire() -> Any:
+    """The tripwire module, from the file beside this one (``-I`` keeps this directory off ``sys.path``)."""
+    import importlib.util
 
-    def __init__(self, fd: int, token: bytes, workdir: str, guard: list[str]) -> None:
-        self._fd, self._token, self._workdir = fd, token, workdir
-        self._watched = _watched_identities()
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tripwire.py")
+    spec = importlib.util.spec_from_file_location("skyrl_tripwire", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["skyrl_tripwire"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _import_runner(importlib: Any) -> None:
+    """Import pytest's own plugins now, so that they are in the tripwire's snapshot before any test code runs."""
+    from _pytest.config import default_plugins
+
+    for name in (*default_plugins, "unittest", "python", "runner", "reports", "skipping", "outcomes"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module("_pytest." + name)
+
+
+class _Channel:
+    """The signed report pipe: one JSON line per record, written at once."""
+
+    def __init__(self, fd: int, token: bytes, write: Any = os.write, dumps: Any = json.dumps) -> None:
+        # os.write and json.dumps are bound now: code under test that replaces them later changes nothing here.
+        self._fd, self._token, self._os_write, self._dumps = fd, token, write, dumps
+
+    def send(self, record: dict[str, Any]) -> None:
+        data = self._token + b" " + self._dumps(record).encode() + b"\n"
+        while data:
+            data = data[self._os_write(self._fd, data) :]
+
+    def tamper(self, problem: str) -> None:
+        self.send({"t": "tamper", "what": problem})
+
+
+class Reporter:
+    """A pytest plugin object: raw facts of each test phase, tamper findings at once, a final line at the end.
+
+    The statuses are decided by the grader from these facts (``skyrl_agent.tasks.grading``), not here.
+    """
+
+    def __init__(self, channel: _Channel, tripwire: Any, workdir: str, guard: list[str]) -> None:
+        import _pytest.outcomes
+        import _pytest.python
+
+        self._channel, self._tripwire, self._workdir = channel, tripwire, workdir
         self._hashes = {os.path.join(workdir, path): _digest(os.path.join(workdir, path)) for path in guard}
-        self._problems: list[str] = []
-        self._collected = 0
+        self._sources = {os.path.join(workdir, path): _declaring_sources(workdir, path) for path in guard}
+        self._collected, self._modules = 0, 0
+        self._pyfunc_run = _pytest.python.Function.runtest
+        self._verdict_exceptions = (_pytest.outcomes.Skipped, _pytest.outcomes.XFailed)
+        self._runner_dirs = tuple(_package_dir(name) for name in ("pytest", "_pytest", "pluggy", "unittest"))
+        self._entered: dict[str, set[str]] = {"pyfunc": set(), "call": set()}
+        self._facts: dict[tuple[str, str], tuple[bool, bool]] = {}  # (node, phase) → (declared, ran)
 
     def pytest_collectstart(self, collector: Any) -> None:
         """A hidden test file must be what the grader wrote when pytest imports it, with no cached bytecode."""
+        self._watch()
         path = str(getattr(collector, "path", None) or getattr(collector, "fspath", ""))
         expected = self._hashes.get(path)
         if expected is None:
             return
         if _digest(path) != expected:
-            self._problems.append(f"{os.path.relpath(path, self._workdir)} changed while the tests ran")
+            self._tripwire.found(f"{os.path.relpath(path, self._workdir)} changed while the tests ran")
         cache = os.path.join(os.path.dirname(path), "__pycache__")
         stem = os.path.splitext(os.path.basename(path))[0] + "."
         with contextlib.suppress(OSError):
@@ -219,28 +324,140 @@ class Reporter:
     def pytest_collectreport(self, report: Any) -> None:
         """A file that fails to collect is an ERROR under its path (its tests are then missing)."""
         if report.failed:
-            self._write({"t": "test", "id": report.nodeid, "s": "ERROR", "when": "collect"})
+            self._channel.send({"t": "test", "id": report.nodeid, "when": "collect", "outcome": "failed"})
 
     def pytest_collection_finish(self, session: Any) -> None:
         """Remember how many tests were collected."""
         self._collected = len(session.items)
 
+    def pytest_pyfunc_call(self, pyfuncitem: Any) -> Any:
+        """(A hook wrapper.) The test function itself was called: a call phase that never got here ran nothing."""
+        self._entered["pyfunc"].add(pyfuncitem.nodeid)
+        yield
+
+    def pytest_runtest_call(self, item: Any) -> Any:
+        """(A hook wrapper.) The item's test ran (for items whose test is not a plain function)."""
+        self._entered["call"].add(item.nodeid)
+        yield
+
+    def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
+        """(A hook wrapper.) Whether a skip or xfail was declared by the tests, and whether the call phase ran."""
+        yield
+        excinfo = call.excinfo
+        origin = None
+        if excinfo is not None and isinstance(excinfo.value, self._imperative()):
+            origin = self._origin(excinfo.tb)
+        # Raised by pytest itself (a marker's skip or xfail), or no exception: the markers decide.
+        declared = self._marked_by_tests(item) if origin is None else self._tests_own(origin)
+        plain = type(item).runtest is self._pyfunc_run
+        ran = item.nodeid in self._entered["pyfunc" if plain else "call"]
+        self._facts[(item.nodeid, call.when)] = (declared, ran)
+
     def pytest_runtest_logreport(self, report: Any) -> None:
-        """One line per phase that decides a status."""
-        status = _status(report)
-        if status is not None:
-            self._write({"t": "test", "id": report.nodeid, "s": status, "when": report.when})
+        """One line per phase: its outcome, whether it was an xfail, declared by the tests, and actually ran."""
+        self._watch()
+        self._tripwire.verify(critical=True)
+        declared, ran = self._facts.pop((report.nodeid, report.when), (False, False))
+        record = {"t": "test", "id": report.nodeid, "when": report.when, "outcome": report.outcome,
+                  "xfail": hasattr(report, "wasxfail"), "declared": declared, "ran": ran}  # fmt: skip
+        self._channel.send(record)
 
     def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
-        """The final line: exit status, tests collected, and what the tripwire found."""
-        problems = [*self._problems, *(f"{module}.{name} was replaced" for module, name in _changed(self._watched))]
-        problems += [f"a plugin was registered from {path}" for path in _tree_plugins(session.config, self._workdir)]
-        self._write({"t": "finish", "exit": int(exitstatus), "collected": self._collected, "tampered": problems})
+        """The final line, after the tripwire's last check: exit status and tests collected."""
+        for path in _tree_plugins(session.config, self._workdir):
+            self._tripwire.found(f"a plugin was registered from {path}")
+        for problem in _foreign_hookimpls(session.config.pluginmanager):
+            self._tripwire.found(problem)
+        self._tripwire.verify()
+        self._channel.send({"t": "finish", "exit": int(exitstatus), "collected": self._collected})
 
-    def _write(self, record: dict[str, Any]) -> None:
-        data = self._token + b" " + json.dumps(record).encode() + b"\n"
-        while data:
-            data = data[os.write(self._fd, data) :]
+    def _watch(self) -> None:
+        """Snapshot the runner's modules pytest imported since the last look (cheap when none were)."""
+        if len(sys.modules) != self._modules:
+            self._tripwire.watch_new()
+            self._modules = len(sys.modules)
+
+    def _imperative(self) -> tuple[type, ...]:
+        unittest = sys.modules.get("unittest")
+        skip_test = getattr(unittest, "SkipTest", None)
+        return (*self._verdict_exceptions, *([skip_test] if isinstance(skip_test, type) else []))
+
+    def _marked_by_tests(self, item: Any) -> bool:
+        """Whether the item's skip/xfail markers are written in its test file or a ``conftest.py`` above it.
+
+        Read before any code under test ran: a marker that code injects into a test module at run time (its
+        ``pytestmark``) is in neither, and does not count.
+        """
+        names = [name for name in ("skip", "skipif", "xfail") if any(True for _ in item.iter_markers(name))]
+        path = os.path.realpath(str(getattr(item, "path", None) or getattr(item, "fspath", "")))
+        sources = self._sources.get(path, [])
+        return bool(names) and all(any(name in text for text in sources) for name in names)
+
+    def _origin(self, tb: Any) -> str | None:
+        """The file of the innermost frame outside the runner in a skip/xfail's traceback (None: the runner's own)."""
+        origin = None
+        while tb is not None:
+            path = os.path.realpath(tb.tb_frame.f_code.co_filename)
+            if not path.startswith(self._runner_dirs):
+                origin = path
+            tb = tb.tb_next
+        return origin
+
+    def _tests_own(self, origin: str) -> bool:
+        """Whether a skip/xfail raised from ``origin`` is the tests' own.
+
+        The tests' own code: a hidden test file, a ``conftest.py`` (restored to the task's by the grader), or a
+        file outside the repository (installed packages). A skip or xfail raised by the code under test is not a
+        pass of any kind.
+        """
+        if not origin.startswith(self._workdir.rstrip("/") + "/"):
+            return True
+        return origin in self._hashes or os.path.basename(origin) == "conftest.py"
+
+
+def _declaring_sources(workdir: str, path: str) -> list[str]:
+    """The text of the test file ``path`` and of each ``conftest.py`` from its directory up to ``workdir``."""
+    files, parts = [os.path.join(workdir, path)], path.split("/")[:-1]
+    files += [os.path.join(workdir, *parts[:depth], "conftest.py") for depth in range(len(parts), -1, -1)]
+    texts = []
+    for file in files:
+        with contextlib.suppress(OSError), open(file, encoding="utf-8", errors="replace") as handle:
+            texts.append(handle.read())
+    return texts
+
+
+def _package_dir(name: str) -> str:
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None) or ""
+    return os.path.realpath(os.path.dirname(path)) + os.sep if path else "\0"
+
+
+def _foreign_hookimpls(pluginmanager: Any) -> list[str]:
+    """Hook implementations whose function is not one of the plugin's own: put into pluggy's lists by hand.
+
+    ``register`` only takes what the plugin object or its class defines.
+    """
+    found, owned = [], {}  # type: list[str], dict[int, set[int]]
+    for name in dir(pluginmanager.hook):
+        caller = getattr(pluginmanager.hook, name, None)
+        for impl in getattr(caller, "get_hookimpls", lambda: [])():
+            if id(impl.plugin) not in owned:
+                owned[id(impl.plugin)] = _own_functions(impl.plugin)
+            if id(getattr(impl.function, "__func__", impl.function)) not in owned[id(impl.plugin)]:
+                found.append(f"a {name} implementation was put into pluggy without a plugin that defines it")
+    return found
+
+
+def _own_functions(plugin: Any) -> set[int]:
+    """Ids of the functions a plugin object (module or instance) or its classes define."""
+    namespaces = [vars(plugin)] if hasattr(plugin, "__dict__") else []
+    namespaces += [vars(cls) for cls in type(plugin).__mro__]
+    ids = set()
+    for namespace in namespaces:
+        for value in list(namespace.values()):
+            value = getattr(value, "__func__", value)  # static and class methods, bound methods
+            ids.add(id(value))
+    return ids
 
 
 def _digest(path: str) -> str | None:
@@ -249,39 +466,6 @@ def _digest(path: str) -> str | None:
             return hashlib.sha256(handle.read()).hexdigest()
     except OSError:
         return None
-
-
-def _status(report: Any) -> str | None:
-    """The SWE-bench status of one phase: PASSED/FAILED/SKIPPED/XFAIL/XPASS for the call, ERROR for fixtures."""
-    xfail = hasattr(report, "wasxfail")
-    if report.when == "call":
-        if report.passed:
-            return "XPASS" if xfail else "PASSED"
-        if report.skipped:
-            return "XFAIL" if xfail else "SKIPPED"
-        return "FAILED"
-    if report.failed:
-        return "ERROR"
-    if report.when == "setup" and report.skipped:
-        return "XFAIL" if xfail else "SKIPPED"
-    return None
-
-
-def _watched_identities() -> dict[tuple[str, str], object]:
-    import importlib
-
-    found: dict[tuple[str, str], object] = {}
-    for module, name in WATCHED:
-        found[(module, name)] = getattr(importlib.import_module(module), name, None)
-    for module, cls, attr in WATCHED_ATTRS:
-        owner = getattr(sys.modules.get(module), cls, None)
-        found[(module, f"{cls}.{attr}")] = owner.__dict__.get(attr) if owner is not None else None
-    return found
-
-
-def _changed(before: dict[tuple[str, str], object]) -> list[tuple[str, str]]:
-    after = _watched_identities()
-    return [key for key, value in before.items() if after.get(key) is not value]
 
 
 def _tree_plugins(config: Any, workdir: str) -> list[str]:

@@ -1,20 +1,24 @@
-"""Routes from a sandbox to a server on the host: which harnesses need one, and the URLs they are given."""
+"""How a harness inside its sandbox reaches its model: which harnesses get a model socket, their URLs, the check."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from skyrl_agent.agents.react import AgentConfig
+from skyrl_agent.dispatch import Episode
+from skyrl_agent.dispatch.outcomes import Outcome, Treatment
 from skyrl_agent.harness import CommandHarness, HarnessPipeline
 from skyrl_agent.harness.base import Endpoint, HarnessJob, HarnessResult
-from skyrl_agent.harness.routing import routed_url, runs_in_sandbox, sandbox_route
-from skyrl_agent.sandbox.base import HostRoute
+from skyrl_agent.harness.routing import forwarded_url, relay_target, relays_model, runs_in_sandbox
+from skyrl_agent.llm.scripted import null_policy
+from skyrl_agent.sandbox.base import SandboxSpec
 from skyrl_agent.tasks import load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
-
-ROUTE = HostRoute("skyrl-host-only", "172.18.0.1")
+from skyrl_agent.tasks.process_backend import ProcessBackend, ProcessSandbox
 
 
 class BesideHarness:
@@ -26,54 +30,79 @@ class BesideHarness:
         return HarnessResult("Submitted")
 
 
-class RoutedProcessBackend(ProcessBackend):
-    """The process backend, claiming a host route (as the Docker backend has)."""
+class MountingProcessBackend(ProcessBackend):
+    """The process backend, claiming to mount model sockets (as the Docker backend does); keeps the specs."""
+
+    mounts_model_socket = True
 
     def __init__(self) -> None:
         super().__init__()
-        self.asked = 0
+        self.specs: list[SandboxSpec] = []
 
-    async def host_route(self) -> HostRoute:
-        self.asked += 1
-        return ROUTE
+    async def create(self, spec: SandboxSpec) -> ProcessSandbox:
+        self.specs.append(spec)
+        return await super().create(spec)
 
 
 @pytest.mark.parametrize(
-    ("url", "expected"),
+    ("url", "forwarded", "target"),
     [
-        ("http://127.0.0.1:8000/s/ep-1/v1", "http://172.18.0.1:8000/s/ep-1/v1"),
-        ("http://localhost/v1", "http://172.18.0.1/v1"),
-        ("http://user:key@0.0.0.0:9/v1", "http://user:key@172.18.0.1:9/v1"),
-        ("http://[::1]:8000/v1", "http://172.18.0.1:8000/v1"),
-        ("https://api.example.com/v1", "https://api.example.com/v1"),  # not on the host: left alone
-        ("http://172.18.0.1:8000/v1", "http://172.18.0.1:8000/v1"),  # already the route's address
+        ("http://127.0.0.1:8000/s/ep-1/v1", "http://127.0.0.1:17400/s/ep-1/v1", ("127.0.0.1", 8000)),
+        ("http://localhost/v1", "http://127.0.0.1:17400/v1", ("localhost", 80)),
+        ("http://user:key@0.0.0.0:9/v1", "http://user:key@127.0.0.1:17400/v1", ("0.0.0.0", 9)),
+        ("http://[::1]:8000/v1", "http://127.0.0.1:17400/v1", ("::1", 8000)),
+        ("http://10.1.2.3:8000/v1", "http://127.0.0.1:17400/v1", ("10.1.2.3", 8000)),  # a server elsewhere
     ],
 )
-def test_loopback_hosts_become_the_routes_address(url: str, expected: str) -> None:
-    assert routed_url(url, ROUTE) == expected
-    assert routed_url(url, None) == url
+def test_a_sandbox_reaches_any_server_at_its_forwarders_port(url: str, forwarded: str, target: tuple[str, int]) -> None:
+    assert forwarded_url(url) == forwarded
+    assert relay_target(url) == target
 
 
-def test_only_a_harness_inside_its_sandbox_on_a_routed_backend_gets_a_route() -> None:
+def test_only_a_harness_inside_its_sandbox_on_a_mounting_backend_gets_a_model_socket() -> None:
     command = CommandHarness(["true"])
     assert runs_in_sandbox(command)
     assert not runs_in_sandbox(BesideHarness())
-    routed = RoutedProcessBackend()
-    assert asyncio.run(sandbox_route(routed, command)) == ROUTE
-    assert asyncio.run(sandbox_route(routed, BesideHarness())) is None
-    assert routed.asked == 1  # a harness beside its sandbox never creates the network
-    assert asyncio.run(sandbox_route(ProcessBackend(), command)) is None  # host processes reach the host as it is
+    assert relays_model(MountingProcessBackend(), command)
+    assert not relays_model(MountingProcessBackend(), BesideHarness())
+    assert not relays_model(ProcessBackend(), command)  # host processes are no isolation boundary: the URL as is
 
 
-def test_a_routed_pipeline_puts_the_agents_sandbox_on_the_network_and_rewrites_its_url() -> None:
+def _pipeline(backend: ProcessBackend, harness: Any, endpoint: Endpoint) -> HarnessPipeline:
+    return HarnessPipeline(backend, AgentConfig(), harness=harness, endpoint=endpoint)
+
+
+def test_the_agents_sandbox_gets_a_model_socket_for_its_life_and_grading_sandboxes_none() -> None:
     task = load_suite()[0]
-    endpoint = Endpoint("http://127.0.0.1:8000/v1", "key", "policy")
-    pipeline = HarnessPipeline(
-        ProcessBackend(), AgentConfig(), harness=CommandHarness(["true"]), endpoint=endpoint, route=ROUTE
-    )
-    assert pipeline._agent_spec(task).network_name == "skyrl-host-only"
-    assert pipeline._spec(task, {}).network_name is None  # grading sandboxes stay off every network
-    from skyrl_agent.dispatch import Episode
+    backend = MountingProcessBackend()
+    pipeline = _pipeline(backend, CommandHarness(["true"]), Endpoint("http://127.0.0.1:8000/v1", "key", "policy"))
 
-    _, given = pipeline._endpoint(Episode(task.id, {"task": task}))
-    assert given == Endpoint("http://172.18.0.1:8000/v1", "key", "policy")
+    async def main() -> None:
+        sandbox = await pipeline.acquire(Episode(task.id, {"task": task}))
+        directory = backend.specs[-1].model_socket_dir
+        assert directory is not None
+        assert (Path(directory) / "forward.py").is_file()
+        await pipeline.release(sandbox)
+        assert not Path(directory).exists()
+
+    asyncio.run(main())
+    (spec,) = backend.specs
+    assert not spec.network  # the socket is the one way out: no network
+    assert pipeline._spec(task, {}).model_socket_dir is None  # grading sandboxes stay off every network
+    assert not pipeline._spec(task, {}).network
+    beside = _pipeline(MountingProcessBackend(), BesideHarness(), Endpoint("http://127.0.0.1:8000/v1", "k", "m"))
+    _, given = beside._endpoint(Episode(task.id, {"task": task}))
+    assert given.base_url == "http://127.0.0.1:8000/v1"  # a harness on the host uses the URL as it is
+
+
+def test_a_harness_inside_its_sandbox_whose_model_is_unreachable_fails_at_its_start() -> None:
+    task = load_suite()[0]
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: nothing answers there
+        endpoint = Endpoint(f"http://127.0.0.1:{closed.getsockname()[1]}/v1", "key", "gone")
+        pipeline = _pipeline(ProcessBackend(), CommandHarness(["sleep", "600"]), endpoint)
+        (result,) = asyncio.run(pipeline.dispatcher(null_policy()).run([Episode(task.id, {"task": task})])).results
+    assert result.outcome is Outcome.MODEL_ERROR, result.error
+    assert result.treatment is Treatment.MASK  # not trained on with reward 0
+    assert f"GET {endpoint.base_url}/models failed" in str(result.error)
+    assert "Connection refused" in str(result.error)

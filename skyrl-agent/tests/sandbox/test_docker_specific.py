@@ -1,9 +1,10 @@
-"""Docker-only behaviour: labels, an unreachable daemon, the warm pool and the reaper."""
+"""Docker-only behaviour: labels, an unreachable daemon, the model socket, the warm pool and the reaper."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,9 +14,10 @@ import time
 import pytest
 
 from skyrl_agent.sandbox import docker_backend, reaper
-from skyrl_agent.sandbox.base import SandboxError, SandboxSpec, SandboxUnavailableError
+from skyrl_agent.sandbox.base import MODEL_SOCKET_MOUNT, SandboxError, SandboxSpec, SandboxUnavailableError
 from skyrl_agent.sandbox.docker_backend import DockerBackend
 from skyrl_agent.sandbox.pool import WarmPool
+from skyrl_agent.sandbox.session_socket import FORWARD_PORT, SessionSocket
 
 from .conftest import SPEC
 
@@ -57,26 +59,36 @@ def test_containers_are_labelled_and_hardened() -> None:
 
 
 @pytest.mark.docker
-def test_the_host_route_is_an_internal_network_that_reaches_the_host() -> None:
+def test_a_model_socket_is_the_containers_one_way_out_and_outlives_commands_and_runners() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"model:" + await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    script = f"import socket; s = socket.create_connection(('127.0.0.1', {FORWARD_PORT}), 5); s.sendall(b'hi\\n')"
+    ask = shlex.join(["python3", "-I", "-c", f"{script}; print(s.makefile().read())"])
+
     async def main() -> None:
-        backend = DockerBackend(run_id="skyrl-test-route")
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)  # the host's loopback only
+        model_socket = SessionSocket()
+        backend = DockerBackend(run_id="skyrl-test-model-socket")
         try:
-            route = await backend.host_route()
-            assert await backend.host_route() == route  # made once, then shared
-            network = backend._client.networks.get(route.network)
-            assert network.attrs["Internal"] is True  # no route out of the host
-            listener = await asyncio.start_server(lambda r, w: w.close(), route.address, 0)
-            port = listener.sockets[0].getsockname()[1]
-            sb = await backend.create(SandboxSpec(network_name=route.network))
-            host = f"python3 -c 'import socket; socket.create_connection((\"{route.address}\", {port}), 5)'"
-            assert (await sb.run(host)).exit_code == 0  # the host's listener on the route's address
-            outside = "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 3)'"
-            assert (await sb.run(outside)).exit_code != 0  # nothing beyond it
+            await model_socket.serve("127.0.0.1", server.sockets[0].getsockname()[1])
+            sb = await backend.create(SandboxSpec(model_socket_dir=model_socket.directory))
             sb.container.reload()
-            assert sb.container.attrs["HostConfig"]["NetworkMode"] == route.network
-            listener.close()
+            assert sb.container.attrs["HostConfig"]["NetworkMode"] == "none"
+            (mount,) = sb.container.attrs["Mounts"]
+            assert (mount["Destination"], mount["RW"]) == (MODEL_SOCKET_MOUNT, False)
+            assert (await sb.run(ask)).output == "model:hi\n\n"
+            assert (await sb.run(f"touch {MODEL_SOCKET_MOUNT}/x")).exit_code != 0  # read-only
+            # Commands' leftovers are killed after each, and a respawned runner sweeps: the forwarder stays.
+            result = await sb.run("sleep 305 & kill -9 $PPID; sleep 306", timeout_s=20)
+            assert result.timed_out
+            assert (await sb.run(ask)).output == "model:hi\n\n"
         finally:
             await backend.close()
+            await model_socket.close()
+            server.close()
 
     asyncio.run(main())
 
