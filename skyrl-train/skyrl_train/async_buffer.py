@@ -100,13 +100,18 @@ class Group:
     admitted: int  # the policy version when it started
     output: GeneratorOutput
     experience: Experience  # its rows, group id 0; tensors["policy_versions"] always present
-    oldest: list[int]  # per trajectory: the oldest policy version among its generated tokens
+    oldest: list[int]  # per trajectory: the oldest policy version among its generated tokens (admitted: none)
     newest: list[int]  # per trajectory: the newest one
+    generated: list[bool] = field(default_factory=list)  # per trajectory: whether it generated any token
 
     @property
     def version(self) -> int:
-        """The oldest policy version that generated any of its tokens: what staleness is measured from."""
-        return min(self.oldest, default=self.admitted)
+        """The oldest policy version that generated any of its tokens: what staleness is measured from.
+
+        A trajectory that generated nothing (it failed at once) has no tokens to be stale: it does not count.
+        """
+        made = self.generated or [True] * len(self.oldest)
+        return min((lo for lo, made_any in zip(self.oldest, made, strict=True) if made_any), default=self.admitted)
 
     @property
     def trainable(self) -> bool:
@@ -124,9 +129,14 @@ def make_group(output: GeneratorOutput, pad_token_id: int, *, index: int, admitt
     tensors = experience.batch.tensors
     if POLICY_VERSIONS not in tensors:
         tensors[POLICY_VERSIONS] = torch.full_like(experience.batch.response_mask, float(admitted))
-    rows = output.policy_versions if output.policy_versions is not None else [[] for _ in range(len(output))]
+    if output.policy_versions is not None:
+        rows = output.policy_versions
+        generated = [any(version >= 0 for version in row) for row in rows]
+    else:  # no versions reported: every token counts as generated at admission
+        rows, generated = [[] for _ in range(len(output))], [len(ids) > 0 for ids in output.response_ids]
     ranges = [_version_range(row, admitted) for row in rows]
-    return Group(index, admitted, output, experience, [lo for lo, _ in ranges], [hi for _, hi in ranges])
+    oldest, newest = [lo for lo, _ in ranges], [hi for _, hi in ranges]
+    return Group(index, admitted, output, experience, oldest, newest, generated)
 
 
 def _version_range(row: list[int], admitted: int) -> tuple[int, int]:

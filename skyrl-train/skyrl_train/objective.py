@@ -47,21 +47,28 @@ class Objective:
         return None
 
 
-def add_token_weights(batch: TrainingBatch, group_index: torch.Tensor, objective: Objective) -> None:
-    """Store ``tensors["token_weights"]`` (policy) and ``["value_token_weights"]`` over this whole (mini-)batch."""
+def add_token_weights(
+    batch: TrainingBatch,
+    group_index: torch.Tensor,
+    objective: Objective,
+    trajectory_index: torch.Tensor | None = None,
+) -> None:
+    """Store ``tensors["token_weights"]`` (policy) and ``["value_token_weights"]`` over this whole (mini-)batch.
+
+    ``trajectory_index``: ``[B]`` the trajectory of each row (step-wise rows of one trajectory share it).
+    """
     config = objective.policy_loss
-    batch.tensors["token_weights"] = loss_weights(
-        batch.response_mask,
-        config.loss_reduction,
-        group_index=group_index,
-        max_seq_len=config.max_seq_len,
-    )
-    batch.tensors["value_token_weights"] = loss_weights(
-        batch.response_mask,
-        objective.value_loss_reduction,
-        group_index=group_index,
-        max_seq_len=config.max_seq_len,
-    )
+    for key, reduction in (
+        ("token_weights", config.loss_reduction),
+        ("value_token_weights", objective.value_loss_reduction),
+    ):
+        batch.tensors[key] = loss_weights(
+            batch.response_mask,
+            reduction,
+            group_index=group_index,
+            max_seq_len=config.max_seq_len,
+            trajectory_index=trajectory_index,
+        )
 
 
 def make_loss_fn(objective: Objective) -> LossFn:

@@ -543,7 +543,8 @@ class Trainer:
                         gap = self._measure_gap(mini)  # before the step, which leaves the weights as they are
                     self._advance_schedules()
                     continue
-                add_token_weights(mini, experience.group_index[rows], self.objective)
+                ends = experience.trajectory_end[rows]
+                add_token_weights(mini, experience.group_index[rows], self.objective, trajectory_index=ends)
                 sent, sent_loss_fn = _on_policy_update(mini, loss_fn) if reuse_forward else (mini, loss_fn)
                 stats = self.policy.forward_backward(
                     sent,

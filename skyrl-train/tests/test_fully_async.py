@@ -362,6 +362,16 @@ def test_a_weight_update_inside_a_running_turn_keeps_its_tokens_and_records_each
     assert (group.oldest, group.newest) == ([0], [1])
 
 
+def test_a_trajectory_that_failed_before_its_first_token_does_not_age_its_group() -> None:
+    # Admitted at version 2, generated at 5; one trajectory failed at once, with no token: the group is of version 5.
+    output = _output(0, 5)
+    output.response_ids[0], output.loss_masks[0], output.policy_versions[0] = [], [], []  # type: ignore[index]
+    output.rollout_logprobs[0], output.rewards[0], output.stop_reasons[0] = [], [], "env_error"  # type: ignore[index]
+    group = make_group(output, 0, index=0, admitted=2)
+    assert group.version == 5  # not the admission version: every generated token is fresh
+    assert group.oldest == [2, 5]  # the failed one's range is still its admission version (for the metrics)
+
+
 def test_a_generator_without_versions_gets_its_admission_version() -> None:
     output = _output(0, 0)
     output.policy_versions = None

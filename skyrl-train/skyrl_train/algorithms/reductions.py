@@ -61,13 +61,15 @@ def loss_weights(
     *,
     group_index: torch.Tensor | None = None,
     max_seq_len: int | None = None,
+    trajectory_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token weights ``w`` that turn a per-token loss into ``reduction``: ``loss = Σ loss[i, t] · w[i, t]``.
 
     - ``token_mean``: every valid token counts the same: ``w = m / Σm``.
     - ``sequence_mean``: mean over tokens of each sequence, then over sequences that have a valid token.
     - ``seq_mean_token_sum_norm`` (Dr.GRPO, arXiv 2503.20783): token sum of each sequence divided by the constant
-      ``max_seq_len``, then mean over all ``B`` rows, so no length normalisation biases the gradient.
+      ``max_seq_len``, then mean over the trajectories (``trajectory_index``; without it, over all ``B`` rows), so
+      no length normalisation biases the gradient, and how a trajectory splits into step-wise rows does not either.
     - ``prompt_mean``: token mean within each prompt group, then mean over groups that have a valid token.
 
     Args:
@@ -75,6 +77,8 @@ def loss_weights(
         reduction: one of ``LOSS_REDUCTIONS``.
         group_index: ``[B]`` integer prompt-group id of each row; required by ``prompt_mean``.
         max_seq_len: the normaliser of ``seq_mean_token_sum_norm`` (the longest response the generator may produce).
+        trajectory_index: ``[B]`` id of the trajectory each row belongs to (step-wise rows share one); the
+            sequence count of ``seq_mean_token_sum_norm``. None: every row is a trajectory.
 
     Returns:
         ``[B, T]`` float32 weights, zero on masked tokens.
@@ -92,7 +96,8 @@ def loss_weights(
     if reduction == "seq_mean_token_sum_norm":
         if max_seq_len is None or max_seq_len <= 0:
             raise ValueError("loss_reduction 'seq_mean_token_sum_norm' needs a positive max_seq_len")
-        return mask / (max_seq_len * mask.shape[0])
+        sequences = mask.shape[0] if trajectory_index is None else int(torch.unique(trajectory_index).numel())
+        return mask / (max_seq_len * max(sequences, 1))
     if reduction == "prompt_mean":
         return _prompt_mean_weights(mask, group_index)
     raise ValueError(f"unknown loss_reduction {reduction!r}; available: {', '.join(LOSS_REDUCTIONS)}")

@@ -68,6 +68,14 @@ class Turn:
     end: int
     stop_reason: StopReason
     policy_version: int | None  # what the engine reported (see POLICY_VERSION_KEY), if anything
+    # Per token, when the engine changed weights inside the reply (``GenerationOutput.token_policy_versions``).
+    token_versions: tuple[int, ...] | None = None
+
+    def versions(self) -> list[int]:
+        """The policy version of each of the reply's tokens (-1 where nothing was reported)."""
+        if self.token_versions is not None and len(self.token_versions) == self.end - self.start:
+            return list(self.token_versions)
+        return [-1 if self.policy_version is None else self.policy_version] * (self.end - self.start)
 
 
 @dataclass(frozen=True)
@@ -86,18 +94,17 @@ class Sample:
     @property
     def policy_version(self) -> int | None:
         """The oldest policy version among the sample's replies (None when the engine reported none)."""
-        versions = [turn.policy_version for turn in self.turns if turn.policy_version is not None]
+        versions = [version for turn in self.turns for version in turn.versions() if version >= 0]
         return min(versions) if versions else None
 
     @property
     def policy_versions(self) -> list[int] | None:
         """Per response token, the policy version that sampled it (-1 where the mask is 0); None if none reported."""
-        if all(turn.policy_version is None for turn in self.turns):
+        if all(turn.policy_version is None and turn.token_versions is None for turn in self.turns):
             return None
         versions = [-1] * len(self.response_ids)
-        for turn in self.turns:
-            version = -1 if turn.policy_version is None else turn.policy_version
-            versions[turn.start : turn.end] = [version] * (turn.end - turn.start)
+        for turn in self.turns:  # a turn that spans a weight sync keeps each token's own version
+            versions[turn.start : turn.end] = turn.versions()
         return versions
 
     @property
@@ -148,7 +155,9 @@ class _Builder:
         self.ids.extend(output.token_ids)
         self.mask.extend([1] * len(output.token_ids))
         self.logprobs.extend(output.logprobs or ())
-        self.turns.append(Turn(start, len(self.mask), output.stop_reason, reported_version(output)))
+        tokens = output.token_policy_versions
+        per_token = tuple(tokens) if tokens is not None and len(tokens) == len(output.token_ids) else None
+        self.turns.append(Turn(start, len(self.mask), output.stop_reason, reported_version(output), per_token))
         ended = bool(output.token_ids) and output.token_ids[-1] == end_of_turn_token_id
         point = _Point(len(self.ids), needs_end_of_turn=not ended)
         self.points.append(point)

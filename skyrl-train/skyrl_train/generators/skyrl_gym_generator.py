@@ -296,6 +296,8 @@ class SkyRLGymGenerator:
         if env_runner is None and workers is not None:
             env_runner = EnvRunner(workers) if workers > 0 else InlineEnvRunner()
         self._env_runner = env_runner
+        # One limit for every generate call of this generator (fully_async makes one call per group, many at once).
+        self._slots: tuple[asyncio.AbstractEventLoop, AbstractAsyncContextManager[Any]] | None = None
 
     @property
     def env_runner(self) -> EnvRunner:
@@ -315,7 +317,7 @@ class SkyRLGymGenerator:
             ExceptionGroup: Only with ``on_failure="raise"``, after the whole batch ran: the trajectories' failures.
         """
         _check_batch(batch)
-        slots = _slots(self.config.max_concurrent_trajectories)
+        slots = self._trajectory_slots()
         if self.config.batched:
             rollouts = await self._generate_batched(batch, slots)
         else:
@@ -326,6 +328,13 @@ class SkyRLGymGenerator:
         if failures and self.config.on_failure == "raise":
             raise ExceptionGroup(f"{len(failures)} of {len(rollouts)} trajectories failed", failures)
         return self._output(batch, rollouts)
+
+    def _trajectory_slots(self) -> AbstractAsyncContextManager[Any]:
+        """The generator's bound on trajectories at once, shared by all its calls on the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:  # a semaphore belongs to the loop it first ran on
+            self._slots = (loop, _slots(self.config.max_concurrent_trajectories))
+        return self._slots[1]
 
     # One trajectory at a time ------------------------------------------------------------------------------------
 

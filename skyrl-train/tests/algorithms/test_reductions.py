@@ -28,6 +28,22 @@ def test_seq_mean_token_sum_norm_divides_by_constant_length() -> None:
     assert reduce_loss(LOSS, MASK, "seq_mean_token_sum_norm", max_seq_len=5).item() == pytest.approx(expected)
 
 
+def test_seq_mean_token_sum_norm_counts_trajectories_not_their_step_wise_rows() -> None:
+    # Rows 0 and 1 are two steps of one trajectory: two trajectories in all, however the first is split.
+    from skyrl_train.algorithms.policy_losses import PolicyLossConfig
+    from skyrl_train.backends.base import TrainingBatch
+    from skyrl_train.objective import Objective, add_token_weights
+
+    whole = reduce_loss(LOSS, MASK, "seq_mean_token_sum_norm", max_seq_len=5).item() * 3  # 3 one-row trajectories
+    split = ((1 + 2 + 4) / 5 + (3 + 3 + 6) / 5) / 2
+    ids = torch.zeros(3, 3, dtype=torch.long)
+    batch = TrainingBatch(ids, torch.ones_like(ids), MASK.clone())
+    objective = Objective("regular", PolicyLossConfig(loss_reduction="seq_mean_token_sum_norm", max_seq_len=5))
+    add_token_weights(batch, torch.tensor([0, 0, 1]), objective, trajectory_index=torch.tensor([1, 1, 2]))
+    assert reduce_loss(LOSS, MASK, token_weights=batch.tensors["token_weights"]).item() == pytest.approx(split)
+    assert split * 2 == pytest.approx(whole)  # the same token sums: only the count of sequences differs
+
+
 def test_prompt_mean_is_token_mean_per_group_then_mean_over_groups() -> None:
     weights = loss_weights(MASK, "prompt_mean", group_index=torch.tensor([7, 7, 3]))
     expected = ((1 + 2 + 4) / 3 + (3 + 3 + 6) / 3) / 2

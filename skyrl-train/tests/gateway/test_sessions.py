@@ -54,6 +54,17 @@ def test_message_match_grows_the_sample_and_appends_the_missing_end_of_turn() ->
     assert session.counts.new == 1
 
 
+def test_a_reply_that_spans_a_weight_sync_keeps_each_tokens_version() -> None:
+    # The engine changed weights inside the reply: its first two tokens are of version 3, the rest of version 4.
+    session = Session("s", EOT)
+    versions = [3, 3, 4, 4]
+    reply = GenerationOutput([20, 21, 22, EOT], [-0.1] * 4, "stop", policy_version=3, token_policy_versions=versions)
+    session.record(session.plan(["a"], no_delta, full([10, 11])), [reply], ["a+r"])
+    [sample] = session.close()
+    assert sample.policy_versions == [3, 3, 4, 4]  # fresh tokens are not stamped with the turn's first version
+    assert sample.policy_version == 3
+
+
 def test_token_match_takes_the_rendered_ids_and_a_rewritten_context_splits() -> None:
     session = Session("s", EOT)
     session.record(session.plan([], no_delta, full([1, 2])), [out([5, EOT])], [None])

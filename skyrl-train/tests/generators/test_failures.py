@@ -188,6 +188,21 @@ def test_concurrency_limit_and_input_order(tokenizer: PreTrainedTokenizerBase, p
     assert out.stop_reasons == ["stop"] * n
 
 
+def test_the_limit_holds_across_concurrent_generate_calls(tokenizer: PreTrainedTokenizerBase, probe_log: Any) -> None:
+    # fully_async generates one group per call, many calls at once: the limit is the generator's, not the call's.
+    engine = ScriptedEngine(tokenizer, by_marker({}, default=Reply("fine", delay_s=0.02)))
+    generator = SkyRLGymGenerator(engine, tokenizer, GeneratorConfig(max_turns=3, max_concurrent_trajectories=2))
+
+    async def groups() -> list[GeneratorOutput]:
+        batches = [make_batch([row(f"g{g}t{i}", TWO_TURNS) for i in range(2)]) for g in range(4)]
+        return await asyncio.gather(*(generator.generate(batch) for batch in batches))
+
+    outputs = asyncio.run(groups())
+    assert engine.max_in_flight == 2
+    assert probe_log.max_open_envs == 2
+    assert [out.stop_reasons for out in outputs] == [["stop", "stop"]] * 4
+
+
 def test_without_a_limit_everything_runs_at_once(tokenizer: PreTrainedTokenizerBase, probe_log: Any) -> None:
     n = 5
     engine = ScriptedEngine(tokenizer, by_marker({}, default=Reply("fine", delay_s=0.05)))
