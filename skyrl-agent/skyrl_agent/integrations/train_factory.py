@@ -124,7 +124,8 @@ def swe_generator(
         max_concurrent_episodes: Agent runs at once; default ``generator.max_concurrent_trajectories``, else 32.
         max_concurrent_starts: Sandbox starts at once.
         max_concurrent_grades: Gradings at once.
-        episode_timeout_s: The deadline of one attempt's agent run; default ``generator.timeout_s``, else 3600.
+        episode_timeout_s: The deadline of one attempt's agent run; default ``generator.timeout_s`` (None: no
+            deadline, as for the built-in generator).
         llm_call_timeout_s: The deadline of one LLM call (None: none).
         tool_call_timeout_s: The host's deadline of one tool call, over the sandbox's ``command_timeout_s``.
         sandbox_start_timeout_s: The deadline of one sandbox start.
@@ -155,7 +156,7 @@ def swe_generator(
             raise ValueError(f"generator.factory_kwargs.{name} must be at least 1, got {value}")
     run_id = run_id or _default_run_id(context.run_name)
     timeouts = Timeouts(
-        episode_s=episode_timeout_s if episode_timeout_s is not None else settings.timeout_s or 3600.0,
+        episode_s=episode_timeout_s if episode_timeout_s is not None else settings.timeout_s,
         llm_call_s=llm_call_timeout_s,
         tool_call_s=tool_call_timeout_s,
         sandbox_start_s=sandbox_start_timeout_s,

@@ -104,6 +104,8 @@ def test_settings_come_from_the_run_and_kwargs_override_them(tokenizer: Any, tmp
         swe_generator(context, backend="process", max_turns=0)
     with pytest.raises(ValueError, match=r"factory_kwargs\.backend: unknown backend 'podman'"):
         swe_generator(context, backend="podman")  # type: ignore[arg-type]
+    unbounded = swe_generator(_context(object(), tokenizer, tmp_path), backend="process")
+    assert unbounded.config.dispatcher.timeouts.episode_s is None  # generator.timeout_s None: no deadline, as built in
     path = "skyrl_agent.integrations.train_factory:swe_generator"
     assert check_factory(FactorySettings(path, {"backend": "docker", "max_turns": 4})) == []
     assert check_factory(FactorySettings(path, {"harness": "mini-swe-agent"})) == []
