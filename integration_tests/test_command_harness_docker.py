@@ -1,8 +1,9 @@
 """``skyrl-agent run --harness command:ARGV --backend docker``: a command-line agent inside its container.
 
 The agent program runs in the task's Docker sandbox, which has no network, and talks to the gateway through the
-socket mounted into it (``skyrl_agent.harness.routing``): the scripted oracle plays each task's gold fix, the program runs the reply's
-command, the hidden tests grade the diff. The program also tries the internet, which the network must not reach.
+socket mounted into it (``skyrl_agent.harness.routing``): the scripted oracle plays each task's gold fix, the
+program runs the reply's command, the hidden tests grade the diff. The program also tries the internet, which it
+must not reach.
 """
 
 from __future__ import annotations
