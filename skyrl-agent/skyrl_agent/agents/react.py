@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from skyrl_agent.agents.actions import Action, FormatError, SubmitAction, parse_action
+from skyrl_agent.action_format import Action, FormatError, SubmitAction, parse_action
 from skyrl_agent.dispatch.context import RunContext
 from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.llm.base import Completion, LLMClient, Message, SamplingParams, count_message_tokens

@@ -1,6 +1,6 @@
 """A text env whose tools run in a :class:`~skyrl_agent.sandbox.base.Sandbox`: bash, the file editor, submit.
 
-It parses replies with :func:`~skyrl_agent.agents.actions.parse_action` and is async-native (``ainit``/``astep``,
+It parses replies with :func:`~skyrl_agent.action_format.parse_action` and is async-native (``ainit``/``astep``,
 which :mod:`skyrl_gym.async_env` awaits). It borrows the sandbox: the caller owns and releases it. ``submit``
 ends the episode with the repository diff as ``metadata["submission"]``.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from skyrl_agent.agents.actions import BashAction, EditorAction, FormatError, SubmitAction, parse_action
+from skyrl_agent.action_format import BashAction, EditorAction, FormatError, SubmitAction, parse_action
 from skyrl_agent.dispatch.outcomes import Outcome
 from skyrl_agent.sandbox.base import Sandbox
 from skyrl_agent.sandbox.shell import CommandBrokeSandboxError

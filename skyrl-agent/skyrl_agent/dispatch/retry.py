@@ -22,9 +22,9 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from skyrl_agent.backoff import Backoff
 from skyrl_agent.sandbox.base import SandboxClosedError, SandboxError, SandboxUnavailableError
 
 T = TypeVar("T")
@@ -34,26 +34,6 @@ __all__ = ["Backoff", "CircuitBreaker", "CircuitOpenError", "is_infra_error", "r
 
 class CircuitOpenError(SandboxUnavailableError):
     """Too many consecutive infrastructure failures; attempts fail fast until the cooldown ends."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter: try ``n`` (1-based) waits ``min(max_s, base_s * factor**(n-1))``.
-
-    The wait is then scaled by a uniform factor in ``[1 - jitter, 1]`` so that failed attempts of many
-    episodes do not retry in lockstep.
-    """
-
-    base_s: float = 0.5  # wait after the first failure
-    factor: float = 2.0  # growth per further failure
-    max_s: float = 30.0  # no wait is longer
-    jitter: float = 0.5  # fraction of the wait that is randomised (0 = none, 1 = full jitter)
-    max_attempts: int = 3  # tries in all, the first included
-
-    def delay_s(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait after failed try ``attempt`` (1-based)."""
-        raw = min(self.max_s, self.base_s * self.factor ** (attempt - 1))
-        return raw * (1.0 - self.jitter * rng.random())
 
 
 class CircuitBreaker:

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from skyrl_agent.dispatch.retry import Backoff
+from skyrl_agent.backoff import Backoff
 from skyrl_agent.llm.base import (
     Completion,
     LLMConnectionError,

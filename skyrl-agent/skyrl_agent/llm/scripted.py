@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from skyrl_agent.agents.actions import SUBMIT, bash_block, editor_block
+from skyrl_agent.action_format import SUBMIT, bash_block, editor_block
 from skyrl_agent.llm.base import Completion, LLMClient, Prompt, SamplingParams, Usage
 
 __all__ = [

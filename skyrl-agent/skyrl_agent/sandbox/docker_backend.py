@@ -39,7 +39,7 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from skyrl_agent.sandbox import reaper
+from skyrl_agent.sandbox import ownership
 from skyrl_agent.sandbox.attach import INIT_SCRIPT, AttachedChannel, runner_argv_input
 from skyrl_agent.sandbox.base import (
     MODEL_SOCKET_MOUNT,
@@ -91,7 +91,7 @@ def managed_labels(run_id: str, episode: str, extra: dict[str, str], *, owner: s
 
     ``owner`` is the id of the :class:`Lease` that keeps them; without one the reaper takes them for leaked.
     """
-    managed = {"skyrl.managed": "1", "skyrl.run": run_id, "skyrl.episode": episode, reaper.OWNER_LABEL: owner}
+    managed = {"skyrl.managed": "1", "skyrl.run": run_id, "skyrl.episode": episode, ownership.OWNER_LABEL: owner}
     return {**extra, **managed}
 
 
@@ -123,7 +123,7 @@ class Lease:
     def __init__(
         self, run_id: str, ttl_s: float, *, connect_renewals: Callable[[float], Any] = _renewal_client
     ) -> None:
-        self.owner = reaper.new_owner_id()
+        self.owner = ownership.new_owner_id()
         self.run_id = run_id
         self.ttl_s = ttl_s
         self.request_timeout_s = ttl_s / 8
@@ -196,7 +196,7 @@ class Lease:
         with self._lock:
             self._renewals += 1
             name = f"skyrl-lease-{self.owner}-{self._renewals}"
-            labels = reaper.lease_labels(self.owner, self.run_id, self.ttl_s)
+            labels = ownership.lease_labels(self.owner, self.run_id, self.ttl_s)
             sent = time.monotonic()
             try:
                 client.volumes.create(name=name, driver="local", labels=labels)
@@ -354,10 +354,10 @@ class DockerBackend:
     """Creates :class:`DockerSandbox` es.
 
     Args:
-        run_id: the ``skyrl.run`` label (default: :func:`reaper.default_run_id`).
+        run_id: the ``skyrl.run`` label (default: :func:`.ownership.default_run_id`).
         max_concurrent_starts: container starts in flight at once (the daemon serializes them anyway).
         output_cap: bytes of output kept per command.
-        lease_ttl_s: how long the backend's lease lasts unrenewed (default: :func:`reaper.lease_ttl_s`).
+        lease_ttl_s: how long the backend's lease lasts unrenewed (default: :func:`.ownership.lease_ttl_s`).
         log_max_size: size of one file of a container's json-file log (docker units: ``"16m"``).
         log_max_files: log files kept per container.
         lifetime_s: seconds after its start (or after the last :meth:`DockerSandbox.keep_alive` promise) at which
@@ -391,10 +391,10 @@ class DockerBackend:
         self.lifetime_s = lifetime_s
         self.expired: list[str] = []  # ids of sandboxes removed because their lifetime passed
         self._expiry: asyncio.Task[None] | None = None
-        self.run_id = run_id or reaper.default_run_id()
+        self.run_id = run_id or ownership.default_run_id()
         self._client: Any = None
         self._connecting = asyncio.Lock()
-        self._lease = Lease(self.run_id, lease_ttl_s or reaper.lease_ttl_s())
+        self._lease = Lease(self.run_id, lease_ttl_s or ownership.lease_ttl_s())
         self._starts = asyncio.Semaphore(max_concurrent_starts)
         self._cap = output_cap
         self._log_config = docker.types.LogConfig(
@@ -788,23 +788,23 @@ def remove_volume(client: Any, name: str, *, retries: bool = True) -> bool:
     return True
 
 
-def list_leases(client: Any, run_id: str | None) -> list[reaper.LeaseRecord]:
+def list_leases(client: Any, run_id: str | None) -> list[ownership.LeaseRecord]:
     """The lease volumes (of ``run_id`` when given), for the reaper; an unreadable one counts as expired.
 
     The daemon stamps a volume to the whole second, rounded down; such a stamp is read as the end of its second,
     so that a lease never expires earlier than ``ttl`` after its volume was made.
     """
-    filters = [reaper.LEASE_LABEL] + ([f"skyrl.run={run_id}"] if run_id else [])
+    filters = [ownership.LEASE_LABEL] + ([f"skyrl.run={run_id}"] if run_id else [])
     leases = []
     for volume in client.volumes.list(filters={"label": filters}):
         labels = volume.attrs.get("Labels") or {}
         try:
             stamp = volume.attrs["CreatedAt"]
             created_s = datetime.fromisoformat(stamp).timestamp() + (0.0 if "." in stamp else 1.0)
-            ttl_s = float(labels[reaper.LEASE_TTL_LABEL])
+            ttl_s = float(labels[ownership.LEASE_TTL_LABEL])
         except (KeyError, ValueError):
             created_s, ttl_s = 0.0, 0.0
-        leases.append(reaper.LeaseRecord(volume.name, labels.get(reaper.LEASE_LABEL, ""), created_s, ttl_s))
+        leases.append(ownership.LeaseRecord(volume.name, labels.get(ownership.LEASE_LABEL, ""), created_s, ttl_s))
     return leases
 
 

@@ -39,50 +39,45 @@ import atexit
 import contextlib
 import functools
 import os
-import re
 import signal
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-OWNER_LABEL = "skyrl.owner"
-LEASE_LABEL = "skyrl.lease"  # on a lease volume: the owner id it keeps alive
-LEASE_TTL_LABEL = "skyrl.lease.ttl"  # seconds the lease lasts after its volume was created
-LEASE_TTL_S = 60.0  # default lease length; renewed every quarter of it
-LEASE_TTL_ENV = "SKYRL_LEASE_TTL_S"
+# Shared with the backend that writes these labels, and re-exported: callers read them as `reaper.OWNER_LABEL`.
+from skyrl_agent.sandbox.ownership import (
+    LEASE_LABEL,
+    LEASE_TTL_ENV,
+    LEASE_TTL_LABEL,
+    LEASE_TTL_S,
+    OWNER_LABEL,
+    LeaseRecord,
+    default_run_id,
+    lease_labels,
+    lease_ttl_s,
+    new_owner_id,
+)
 
-
-def lease_ttl_s() -> float:
-    """The lease length of new owners: ``$SKYRL_LEASE_TTL_S`` or :data:`LEASE_TTL_S` seconds."""
-    ttl = float(os.environ.get(LEASE_TTL_ENV, LEASE_TTL_S))
-    if ttl <= 0:
-        raise ValueError(f"{LEASE_TTL_ENV} must be a positive number of seconds, got {ttl:g}")
-    return ttl
-
-
-def new_owner_id() -> str:
-    """A fresh owner id (``host-pid-random``; usable in a Docker object name)."""
-    host = re.sub(r"[^a-zA-Z0-9_.-]", "-", socket.gethostname())
-    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """One lease volume as listed from the daemon."""
-
-    name: str
-    owner: str
-    created_s: float  # creation time by the daemon's clock, seconds since the epoch
-    ttl_s: float
-
-
-def lease_labels(owner: str, run_id: str, ttl_s: float) -> dict[str, str]:
-    """The labels of a lease volume of ``owner``."""
-    return {"skyrl.managed": "1", "skyrl.run": run_id, LEASE_LABEL: owner, LEASE_TTL_LABEL: f"{ttl_s:g}"}
+__all__ = [
+    "LEASE_LABEL",
+    "LEASE_TTL_ENV",
+    "LEASE_TTL_LABEL",
+    "LEASE_TTL_S",
+    "OWNER_LABEL",
+    "LeaseRecord",
+    "ReapReport",
+    "confirmation_s",
+    "default_run_id",
+    "install_reaper",
+    "lease_labels",
+    "lease_ttl_s",
+    "live_owners",
+    "new_owner_id",
+    "reap",
+    "survivors",
+]
 
 
 def live_owners(leases: Iterable[LeaseRecord], now_s: float) -> set[str]:
@@ -111,12 +106,6 @@ def survivors(
     return live_owners(second, now_s) | renewed | unsuspected
 
 
-@functools.cache
-def default_run_id() -> str:
-    """This process's run id: host, PID and a random suffix."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
 @dataclass
 class ReapReport:
     """Short ids of the containers and images :func:`reap` removed, and names of the leases."""
@@ -141,7 +130,8 @@ def reap(
     Raises:
         SandboxUnavailableError: no Docker daemon answered.
     """
-    from skyrl_agent.sandbox import docker_backend  # the docker SDK is imported only where it is adapted
+    # Imported here, not at the top: the docker SDK loads only when something is reaped.
+    from skyrl_agent.sandbox import docker_backend
 
     client = docker_backend.connect()
     try:

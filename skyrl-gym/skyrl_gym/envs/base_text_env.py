@@ -17,8 +17,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NotRequired
 
+from skyrl_gym._aggregation import default_aggregate_metrics
 from skyrl_gym.core import Env, EnvStepOutput
-from skyrl_gym.metrics import default_aggregate_metrics
 
 if TYPE_CHECKING:
     from skyrl_gym.tools.core import ToolGroup

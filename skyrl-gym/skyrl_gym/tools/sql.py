@@ -18,9 +18,9 @@ import math
 import os
 from typing import Any
 
-from skyrl_gym.envs.sql.utils import Rows, SQLExecutionError, SQLTimeoutError, execute_sql
 from skyrl_gym.tools._table import format_table
 from skyrl_gym.tools.core import ToolGroup, tool
+from skyrl_gym.tools.sql_execution import Rows, SQLExecutionError, SQLTimeoutError, execute_sql
 
 __all__ = [
     "INVALID_ACTION_MESSAGE",

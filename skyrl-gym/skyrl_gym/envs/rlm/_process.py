@@ -1,4 +1,4 @@
-"""The child-process REPL behind ``PersistentREPL(isolation="process")``.
+"""The parent side of ``PersistentREPL(isolation="process")``: starting, feeding and killing its child process.
 
 ::
 
@@ -6,10 +6,11 @@
     PersistentREPL ── ProcessBackend ── JSON lines ──> child_main: an inline PersistentREPL
                                       <── JSON lines ── (llm_query / rlm_query call back to the parent)
 
-The child is a long-lived ``python -I`` started in its own session, with a clean environment, the REPL's
-``temp_dir`` as working directory and ``HOME``/``TMPDIR``, and rlimits on address space (``memory_limit_mb``),
-file size (64 MiB) and core dumps. Inside it an ordinary inline :class:`~skyrl_gym.envs.rlm.repl.PersistentREPL`
-runs model code on its main thread, so its ``SIGALRM`` timeout keeps the namespace intact in the usual case.
+The child (its program is :mod:`skyrl_gym.envs.rlm._child`) is a long-lived ``python -I`` started in its own
+session, with a clean environment, the REPL's ``temp_dir`` as working directory and ``HOME``/``TMPDIR``, and
+rlimits on address space (``memory_limit_mb``), file size (64 MiB) and core dumps. Inside it an ordinary inline
+:class:`~skyrl_gym.envs.rlm.repl.PersistentREPL` runs model code on its main thread, so its ``SIGALRM`` timeout
+keeps the namespace intact in the usual case.
 Only when the child has not reported back ``timeout + 5`` seconds after a run started (a C call that never
 returns, ``except BaseException`` in a loop) does the parent kill its whole process group; the next run starts a
 fresh child, and that run's result says the variables were lost. A child that dies (e.g. over its memory limit)
@@ -35,46 +36,35 @@ and validated; anything unexpected kills the child.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
-import queue
 import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from skyrl_gym.envs.rlm.repl import (
-    _SHIELDED_CODE,
-    PersistentREPL,
-    REPLResult,
-    REPLStartError,
-    cap_text,
-    lm_texts,
-    subcall_value,
-)
+from skyrl_gym.envs.rlm._timeouts import shield
+from skyrl_gym.envs.rlm.results import REPLResult, REPLStartError, cap_text, lm_texts, subcall_value
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from skyrl_gym.envs.rlm.repl import PersistentREPL
 
-__all__ = ["ProcessBackend", "child_main"]
+__all__ = ["ProcessBackend", "encode_message", "write_all"]
 
 _START_TIMEOUT_S: Final = 60.0  # how long a new child may take to import and report ready
 _KILL_GRACE_S: Final = 5.0  # after a run's timeout, how long the child gets to report it before it is killed
 _POLL_S: Final = 0.05  # how often the parent checks finished helper calls while waiting
 _MAX_MESSAGE_BYTES: Final = 64 << 20  # a longer line from the child is a protocol violation
-_FILE_SIZE_LIMIT: Final = 64 << 20  # RLIMIT_FSIZE of the child
 _HELPER_WORKERS: Final = 4  # helper calls the parent serves at once
 _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[3])  # the directory that holds skyrl_gym/
 _BOOTSTRAP: Final = (
     "import sys; sys.path.insert(0, sys.argv[4]); "
-    "from skyrl_gym.envs.rlm._process import child_main; "
+    "from skyrl_gym.envs.rlm._child import child_main; "
     "child_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))"
 )
 
@@ -122,11 +112,13 @@ def _decode(line: bytes) -> dict[str, Any]:
     return message
 
 
-def _encode(message: dict[str, Any]) -> bytes:
+def encode_message(message: dict[str, Any]) -> bytes:
+    """One protocol line: ``message`` as JSON and a newline (both sides frame their messages so)."""
     return json.dumps(message, default=str).encode() + b"\n"
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``, however many ``os.write`` calls it takes."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -141,7 +133,7 @@ def _kill_child(process: subprocess.Popen[bytes], fds: tuple[int, ...]) -> None:
             os.close(fd)
 
 
-_SHIELDED_CODE.add(_kill_child.__code__)  # a timeout landing mid-kill would leave an unreaped child
+shield(_kill_child)  # a timeout landing mid-kill would leave an unreaped child
 
 
 class _Child:
@@ -178,7 +170,7 @@ class _Child:
     def send(self, message: dict[str, Any]) -> None:
         """Write one message. Raises :class:`_ChildGone` if the child has exited."""
         try:
-            _write_all(self._to_child, _encode(message))
+            write_all(self._to_child, encode_message(message))
         except OSError as exc:  # BrokenPipeError, or the fd was closed by kill()
             raise _ChildGone("the REPL process exited") from exc
 
@@ -378,118 +370,3 @@ _LOST: Final = "The REPL restarts on the next run: variables defined so far are 
 
 
 # ------------------------------------------------------------------------------------------------------ child side
-
-
-class _ChildChannel:
-    """The child's end of the pipes: a reader and a writer thread, so the main thread never blocks on I/O.
-
-    Why threads: a ``SIGALRM`` timeout can interrupt the main thread between any two bytecodes. Keeping the
-    framing in other threads means an interrupted helper call loses at most its own reply, never a message.
-    """
-
-    def __init__(self, read_fd: int, write_fd: int) -> None:
-        self._commands: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
-        self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self._waiters: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
-        self._ids = itertools.count(1)
-        threading.Thread(target=self._read_loop, args=(read_fd,), name="rlm-child-read", daemon=True).start()
-        threading.Thread(target=self._write_loop, args=(write_fd,), name="rlm-child-write", daemon=True).start()
-
-    def _read_loop(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as stream:
-            for line in stream:
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    os._exit(1)  # the parent never sends malformed lines: the pipe is corrupt
-                waiter = self._waiters.get(message.get("id")) if message.get("op") == "reply" else None
-                if waiter is not None:
-                    waiter.put(message)
-                elif message.get("op") != "reply":  # a reply nobody waits for belongs to an abandoned call
-                    self._commands.put(message)
-        # The parent closed the pipe: it is gone. Exit even if model code is stuck on the main thread.
-        os._exit(0)
-
-    def _write_loop(self, fd: int) -> None:
-        while True:
-            data = self._outbox.get()
-            try:
-                _write_all(fd, data)
-            except OSError:
-                os._exit(0)
-
-    def send(self, message: dict[str, Any]) -> None:
-        """Queue one message (``SimpleQueue.put`` is a single C call: a timeout cannot split it)."""
-        self._outbox.put(_encode(message))
-
-    def next_command(self) -> dict[str, Any] | None:
-        """The next command from the parent."""
-        return self._commands.get()
-
-    def proxy(self, name: str) -> Callable[..., Any]:
-        """A callback that forwards its arguments to the parent's helper ``name`` and returns its value."""
-
-        def call(*args: Any) -> Any:
-            call_id = next(self._ids)
-            box: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-            self._waiters[call_id] = box
-            try:
-                self.send({"op": "call", "id": call_id, "name": name, "args": list(args)})
-                reply = box.get()
-            finally:
-                self._waiters.pop(call_id, None)
-            if reply.get("ok") is not True:
-                raise RuntimeError(str(reply.get("error")))
-            return reply.get("value")
-
-        return call
-
-
-def _lower_limits(memory_limit_mb: int) -> None:
-    import resource  # POSIX only, like the rest of this module
-
-    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, _FILE_SIZE_LIMIT)]
-    if memory_limit_mb > 0:
-        limits.append((resource.RLIMIT_AS, memory_limit_mb << 20))
-    for kind, value in limits:
-        _, hard = resource.getrlimit(kind)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        resource.setrlimit(kind, (value, value))
-    # Writing past RLIMIT_FSIZE should fail the write (EFBIG), not kill the REPL.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-
-def _handle(repl: PersistentREPL, command: dict[str, Any]) -> dict[str, Any]:
-    if command.get("op") == "lookup":
-        return {"op": "lookup_result", "text": repl.lookup_text(str(command.get("name", "")))}
-    result = repl.execute(str(command.get("code", "")))
-    return {
-        "op": "result",
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-        "error": result.error,
-        "timed_out": result.timed_out,
-        "final_value": repl.final_value,
-    }
-
-
-def child_main(read_fd: int, write_fd: int, memory_limit_mb: int) -> None:
-    """Entry point of the child process: serve ``exec`` and ``lookup`` commands until the parent goes away."""
-    _lower_limits(memory_limit_mb)
-    channel = _ChildChannel(read_fd, write_fd)
-    settings = channel.next_command()
-    if settings is None or settings.get("op") != "init":
-        return
-    repl = PersistentREPL(
-        settings.get("context"),
-        lm_callback=channel.proxy("lm") if settings.get("lm") else None,
-        subcall_fn=channel.proxy("subcall") if settings.get("subcall") else None,
-        timeout=float(settings["timeout"]),
-        max_output_chars=int(settings["max_output_chars"]),
-        allowed_imports=settings.get("allowed_imports"),
-    )
-    channel.send({"op": "ready"})
-    while (command := channel.next_command()) is not None:
-        if command.get("op") in ("exec", "lookup"):
-            channel.send(_handle(repl, command))

@@ -61,13 +61,8 @@ from __future__ import annotations
 
 import ast
 import builtins
-import contextlib
-import ctypes
-import dataclasses
 import itertools
 import shutil
-import signal
-import sys
 import tempfile
 import threading
 import time
@@ -75,13 +70,23 @@ import traceback
 import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from types import CodeType, FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Self
+from types import TracebackType
+from typing import Any, Final, Literal, Self
 
-from skyrl_gym.error import Error
-
-if TYPE_CHECKING:
-    from skyrl_gym.envs.rlm._process import ProcessBackend
+from skyrl_gym.envs.rlm._process import ProcessBackend
+from skyrl_gym.envs.rlm._timeouts import Limit, Outcome, REPLTimeoutError, own_timeout_type, run_with_timeout, shield
+from skyrl_gym.envs.rlm.results import (
+    LM_ERROR_PREFIX,
+    RLM_ERROR_PREFIX,
+    CappedText,
+    LMCallback,
+    REPLResult,
+    REPLStartError,
+    SubcallFn,
+    cap_text,
+    lm_texts,
+    subcall_value,
+)
 
 __all__ = [
     "BLOCKED_BUILTINS",
@@ -99,22 +104,10 @@ __all__ = [
     "SubcallFn",
 ]
 
-LMCallback = Callable[[list[str]], list[str]]
-"""Answers a batch of prompts: ``lm_callback(prompts) -> responses``, one response per prompt, in order.
-
-A response may also be an exception instance (or ``None``) to report that one item failed."""
-
-SubcallFn = Callable[..., Any]
-"""Runs a recursive sub-episode: ``subcall_fn(prompt, context=None) -> str`` (the child's final answer).
-
-Called as ``subcall_fn(prompt)`` when model code gives no context, else ``subcall_fn(prompt, context)``."""
-
 REPLIsolation = Literal["inline", "process"]
 
 DEFAULT_TIMEOUT_S: Final = 180.0
 DEFAULT_MAX_OUTPUT_CHARS: Final = 20_000
-LM_ERROR_PREFIX: Final = "Error: LM query failed - "
-RLM_ERROR_PREFIX: Final = "Error: RLM query failed - "
 
 BLOCKED_BUILTINS: Final = (
     "__import__",
@@ -144,97 +137,12 @@ SCAFFOLD_NAMES: Final = (
 
 _RLM_CALLBACKS: Final = "subcall_fn=... or lm_callback"  # what rlm_query needs, for its error message
 _SUBCALL_WORKERS: Final = 2  # rlm_query_batched runs at most this many sub-episodes at once
-_ALARM_RETRY_S: Final = 0.1  # after the deadline, how often SIGALRM re-fires while model code still runs
-_THREAD_STOP_GRACE_S: Final = 1.0  # how long a timed-out helper thread is sent timeouts before it is given up
 _BLOCKED_HINT: Final = (
     "Note: import statements, open, eval, exec, compile, input, globals and locals are disabled in this REPL."
 )
 
 
-class REPLTimeoutError(BaseException):
-    """Raised inside model code when its run exceeds the REPL's timeout.
-
-    A ``BaseException`` so that ``except Exception`` in model code does not swallow it. It never escapes
-    :meth:`PersistentREPL.execute`: the run is reported with ``timed_out=True``.
-    """
-
-
-class REPLStartError(Error, RuntimeError):
-    """The child process of ``PersistentREPL(isolation="process")`` did not start; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class REPLResult:
-    """What one :meth:`PersistentREPL.execute` call produced.
-
-    Attributes:
-        stdout: Everything model code printed, capped (see the module docstring).
-        stderr: The traceback of an uncaught exception, or the timeout message; ``""`` after a clean run.
-        error: A one-line summary such as ``"ZeroDivisionError: division by zero"``; ``None`` after a clean run.
-        timed_out: The run exceeded the timeout.
-        still_running: The run timed out and could not be stopped; it keeps running in a background thread.
-        execution_time: Wall-clock seconds the run took (up to the timeout for a run that timed out).
-    """
-
-    stdout: str
-    stderr: str = ""
-    error: str | None = None
-    timed_out: bool = False
-    still_running: bool = False
-    execution_time: float = 0.0
-
-    @property
-    def output(self) -> str:
-        """``stdout`` followed by ``stderr``: the text to show the model."""
-        if not self.stderr:
-            return self.stdout
-        if self.stdout and not self.stdout.endswith("\n"):
-            return f"{self.stdout}\n{self.stderr}"
-        return self.stdout + self.stderr
-
-
-@dataclasses.dataclass
-class _Outcome:
-    """How a run of model code ended."""
-
-    error: BaseException | None = None
-    timed_out: bool = False
-    still_running: bool = False
-
-
-class _CappedText:
-    """A write-only text buffer that keeps the first ``limit`` characters and counts the rest."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._parts: list[str] = []
-        self._size = 0
-        self._dropped = 0
-
-    def write(self, text: str) -> int:
-        room = self._limit - self._size
-        kept = text[: max(room, 0)]
-        if kept:
-            self._parts.append(kept)
-            self._size += len(kept)
-        self._dropped += len(text) - len(kept)
-        return len(text)
-
-    def getvalue(self) -> str:
-        text = "".join(self._parts)
-        if self._dropped:
-            text += f"\n... [output truncated: {self._dropped} more characters]\n"
-        return text
-
-
-def cap_text(text: str, limit: int) -> str:
-    """``text`` cut to its first ``limit`` characters plus a truncation note, as the REPL caps its output."""
-    buffer = _CappedText(limit)
-    buffer.write(text)
-    return buffer.getvalue()
-
-
-def _make_print(buffer: _CappedText) -> Callable[..., None]:
+def _make_print(buffer: CappedText) -> Callable[..., None]:
     """A ``print`` that writes to ``buffer`` unless given an explicit ``file``."""
 
     def repl_print(
@@ -283,40 +191,6 @@ def restricted_builtins(allowed_imports: Collection[str] | None = None) -> dict[
     return namespace
 
 
-def lm_texts(lm_callback: LMCallback, prompts: list[str]) -> list[str]:
-    """Answer ``prompts`` with one ``lm_callback`` call; failures become ``LM_ERROR_PREFIX`` texts, per item.
-
-    A raising callback or a response list of the wrong length fails every item; an exception instance or
-    ``None`` in the responses fails only its own item. Never raises an ``Exception``.
-    """
-    if not prompts:
-        return []
-    try:
-        responses = list(lm_callback(list(prompts)))
-    except Exception as exc:  # any callback failure is reported to the model as text
-        return [f"{LM_ERROR_PREFIX}{exc}"] * len(prompts)
-    if len(responses) != len(prompts):
-        why = f"the LM callback returned {len(responses)} responses for {len(prompts)} prompts"
-        return [f"{LM_ERROR_PREFIX}{why}"] * len(prompts)
-    return [_lm_text(response) for response in responses]
-
-
-def _lm_text(response: object) -> str:
-    if isinstance(response, BaseException):
-        return f"{LM_ERROR_PREFIX}{response}"
-    if response is None:
-        return f"{LM_ERROR_PREFIX}no response"
-    return response if isinstance(response, str) else str(response)
-
-
-def subcall_value(subcall_fn: SubcallFn, prompt: str, context: Any = None) -> Any:
-    """Run one sub-episode; return its answer, or an ``RLM_ERROR_PREFIX`` text if ``subcall_fn`` raised."""
-    try:
-        return subcall_fn(prompt) if context is None else subcall_fn(prompt, context)
-    except Exception as exc:  # a failed child is reported to the model as text
-        return f"{RLM_ERROR_PREFIX}{exc}"
-
-
 def fallback_prompt(prompt: Any, context: Any = None) -> str:
     """The ``llm_query`` prompt of an ``rlm_query`` without ``subcall_fn``: the prompt, then the context if any."""
     if context is None:
@@ -332,141 +206,6 @@ def parse_child_answer(answer: Any) -> Any:
         return ast.literal_eval(answer)
     except Exception:  # literal_eval raises several types (and MemoryError/RecursionError on huge input)
         return answer
-
-
-_SHIELDED_CODE: set[CodeType] = set()  # REPL bookkeeping a timeout must not interrupt (filled below the class)
-
-
-def _interruptible(frame: FrameType | None, namespace: dict[str, Any]) -> bool:
-    """Whether a timeout may be raised in the stack that ends at ``frame``.
-
-    True when model code of ``namespace`` is on the stack and no shielded REPL bookkeeping (e.g. a nested REPL's
-    ``close``) runs above it. A timeout that is not raised now is retried 0.1 s later.
-    """
-    while frame is not None:
-        if frame.f_code in _SHIELDED_CODE:
-            return False
-        if frame.f_globals is namespace:
-            return True
-        frame = frame.f_back
-    return False
-
-
-class _Limit(NamedTuple):
-    """The timeout of one REPL: whose code it interrupts, after how long, and with which exception type."""
-
-    namespace: dict[str, Any]
-    seconds: float
-    error: type[REPLTimeoutError]  # a subclass of the REPL's own, so nested REPLs never catch each other's
-
-    def exceeded(self) -> REPLTimeoutError:
-        return self.error(f"execution exceeded the {self.seconds:g} s time limit")
-
-
-def _own_timeout_type() -> type[REPLTimeoutError]:
-    class OwnREPLTimeoutError(REPLTimeoutError):
-        pass
-
-    return OwnREPLTimeoutError
-
-
-class _AlarmGuard:
-    """Arms ``SIGALRM`` for one run on the main thread and restores the previous handler and timer after it.
-
-    The handler raises the limit's timeout only where :func:`_interruptible` allows, so the REPL's own bookkeeping
-    is never interrupted. An earlier deadline armed by someone else is honoured: an enclosing REPL's handler is
-    called at its deadline (raising that REPL's timeout, which this run does not catch); any other timer (e.g. a
-    test timeout) ends this run at its deadline and fires right after it.
-    """
-
-    def __init__(self, limit: _Limit) -> None:
-        self._limit = limit
-        self._started = 0.0
-        self._old_handler: Any = None
-        self._old_timer = (0.0, 0.0)
-
-    def _on_alarm(self, signum: int, frame: FrameType | None) -> None:
-        outer = self._old_handler
-        own_deadline_passed = time.monotonic() - self._started >= self._limit.seconds
-        if not own_deadline_passed and isinstance(getattr(outer, "__self__", None), _AlarmGuard):
-            outer(signum, frame)
-        elif _interruptible(frame, self._limit.namespace):
-            raise self._limit.exceeded()
-
-    def __enter__(self) -> Self:
-        self._started = time.monotonic()
-        self._old_handler = signal.signal(signal.SIGALRM, self._on_alarm)
-        self._old_timer = signal.getitimer(signal.ITIMER_REAL)
-        first = self._limit.seconds if self._old_timer[0] <= 0 else min(self._limit.seconds, self._old_timer[0])
-        signal.setitimer(signal.ITIMER_REAL, first, _ALARM_RETRY_S)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL if self._old_handler is None else self._old_handler)
-        old_delay, old_interval = self._old_timer
-        if old_delay > 0:
-            left = old_delay - (time.monotonic() - self._started)
-            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-4), old_interval)
-
-
-def _alarm_usable() -> bool:
-    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-
-
-def _run_with_alarm(run: Callable[[], None], limit: _Limit) -> _Outcome:
-    try:
-        with _AlarmGuard(limit):
-            run()
-    except limit.error:
-        return _Outcome(timed_out=True)
-    except (KeyboardInterrupt, REPLTimeoutError):
-        raise  # an enclosing REPL's timeout must reach that REPL
-    except BaseException as exc:  # model code may raise anything, SystemExit included
-        return _Outcome(error=exc)
-    return _Outcome()
-
-
-def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    """Ask CPython to raise ``exc_type`` in thread ``thread_id`` at its next bytecode (``None`` cancels)."""
-    exc = ctypes.py_object(exc_type) if exc_type is not None else None
-    with contextlib.suppress(AttributeError):  # not CPython: the thread cannot be interrupted
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), exc)
-
-
-def _run_in_thread(run: Callable[[], None], limit: _Limit) -> _Outcome:
-    """Run ``run`` in a helper thread; after the limit, send it timeouts for a grace period, then give up."""
-    outcome = _Outcome()
-    finished = threading.Event()
-
-    def target() -> None:
-        try:
-            try:
-                run()
-            except limit.error:
-                outcome.timed_out = True
-            except BaseException as exc:  # model code may raise anything, SystemExit included
-                outcome.error = exc
-            finally:
-                finished.set()
-        except limit.error:  # a late asynchronous timeout landed in the handlers above
-            outcome.timed_out = True
-            finished.set()
-
-    thread = threading.Thread(target=target, name="rlm-repl-run", daemon=True)
-    thread.start()
-    if finished.wait(limit.seconds):
-        return outcome
-    stop_by = time.monotonic() + _THREAD_STOP_GRACE_S
-    while not finished.is_set() and time.monotonic() < stop_by and thread.ident is not None:
-        if _interruptible(sys._current_frames().get(thread.ident), limit.namespace):
-            _raise_in_thread(thread.ident, limit.error)
-        finished.wait(0.05)
-    if finished.is_set():
-        if thread.ident is not None:
-            _raise_in_thread(thread.ident, None)  # cancel a timeout still pending after the thread finished
-        return _Outcome(timed_out=True)
-    return _Outcome(timed_out=True, still_running=True)
 
 
 def _format_error(exc: BaseException, sources: dict[str, str]) -> str:
@@ -564,7 +303,7 @@ class PersistentREPL:
         self._builtins: dict[str, Any] = dict(self._pristine_builtins)
         self._scaffold = self._make_scaffold(context)
         self.globals: dict[str, Any] = {"__name__": "__main__", "__builtins__": self._builtins, **self._scaffold}
-        self._limit = _Limit(self.globals, self.timeout, _own_timeout_type())
+        self._limit = Limit(self.globals, self.timeout, own_timeout_type())
         self._backend: ProcessBackend | None = None
         if isolation == "process":
             self._backend = self._start_backend(context, allowed_imports, memory_limit_mb)
@@ -598,8 +337,6 @@ class PersistentREPL:
     def _start_backend(
         self, context: Any, allowed_imports: Collection[str] | None, memory_limit_mb: int
     ) -> ProcessBackend:
-        from skyrl_gym.envs.rlm._process import ProcessBackend  # the child-process machinery loads on demand
-
         try:
             return ProcessBackend(
                 self,
@@ -633,13 +370,13 @@ class PersistentREPL:
 
     def _execute_inline(self, code: str) -> REPLResult:
         filename = f"<repl cell {next(self._runs)}>"
-        stdout = _CappedText(self.max_output_chars)
+        stdout = CappedText(self.max_output_chars)
         self._prepare_run(stdout)
         started = time.monotonic()
         try:
             compiled = compile(code, filename, "exec")
         except Exception as exc:  # SyntaxError, or ValueError/RecursionError/MemoryError on hostile source
-            return self._result(stdout, _Outcome(error=exc), started)
+            return self._result(stdout, Outcome(error=exc), started)
         self._sources[filename] = code
         try:
             outcome = self._run_user(lambda: exec(compiled, self.globals))
@@ -647,7 +384,7 @@ class PersistentREPL:
             self._restore_scaffold()
         return self._result(stdout, outcome, started)
 
-    def _prepare_run(self, stdout: _CappedText) -> None:
+    def _prepare_run(self, stdout: CappedText) -> None:
         # Model code may have edited the builtins dict in place; start every run from the pristine copy.
         self._builtins.clear()
         self._builtins.update(self._pristine_builtins)
@@ -658,13 +395,11 @@ class PersistentREPL:
         self.globals["__builtins__"] = self._builtins
         self.globals.update(self._scaffold)
 
-    def _run_user(self, run: Callable[[], None]) -> _Outcome:
+    def _run_user(self, run: Callable[[], None]) -> Outcome:
         """Run a callable that executes model code, under the timeout."""
-        if _alarm_usable():
-            return _run_with_alarm(run, self._limit)
-        return _run_in_thread(run, self._limit)
+        return run_with_timeout(run, self._limit)
 
-    def _result(self, stdout: _CappedText, outcome: _Outcome, started: float) -> REPLResult:
+    def _result(self, stdout: CappedText, outcome: Outcome, started: float) -> REPLResult:
         stderr, error = "", None
         if outcome.timed_out:
             error = f"REPLTimeoutError: execution exceeded the {self.timeout:g} s time limit"
@@ -844,6 +579,4 @@ class PersistentREPL:
         return f"PersistentREPL(isolation={self.isolation!r}, timeout={self.timeout:g}, {state})"
 
 
-_SHIELDED_CODE.update(
-    method.__code__ for method in (PersistentREPL.close, PersistentREPL._prepare_run, PersistentREPL._restore_scaffold)
-)
+shield(PersistentREPL.close, PersistentREPL._prepare_run, PersistentREPL._restore_scaffold)
