@@ -9,9 +9,9 @@ Steps (the contract of :func:`grade` and :class:`Grader`):
    a diff that applies neither way is ``patch_failed``;
 4. put back what the diff did to tests and test configuration (:func:`.policy.is_protected`), then the hidden
    tests: the task's ``test_files``, the files of ``test_patch`` and ``hidden_tests``;
-5. run the hidden tests through the harness (:mod:`.harness`): an interpreter in isolated mode, a pytest the
+5. run the hidden tests through the test run (:mod:`.testrun`): an interpreter in isolated mode, a pytest the
    repository cannot shadow or extend (plugin autoload off, only the declared plugins, explicit rootdir and the
-   task's own config), results on the harness's own signed channel, the log to a file with a cap;
+   task's own config), results on the test run's own signed channel, the log to a file with a cap;
 6. resolved iff every FAIL_TO_PASS test passed (PASSED/XFAIL) and every PASS_TO_PASS test passed or was
    skipped; a test missing from the report counts as failed. A run whose report was forged or whose tripwire
    fired is ``tampered``.
@@ -63,7 +63,7 @@ PASSING = frozenset({"PASSED", "XFAIL"})
 LOG_CAP = 8 << 20  # bytes of test log kept in the sandbox (plus its last 64 KiB); more is reported
 RETRY_FACTOR = 3.0  # a retried run's limit: this many times the task's reference time (at least its timeout_s)
 RETRY_MARGIN_S = 10.0
-_HARNESS = (Path(__file__).parent / "harness.py").read_bytes()
+_TESTRUN = (Path(__file__).parent / "testrun.py").read_bytes()
 _TRIPWIRE = (Path(__file__).parent / "tripwire.py").read_bytes()
 IDLE_SHARE = 0.05  # a timed-out run whose tests used less CPU than this (cores, second half of the run) slept
 _LOG_TAIL = 4000  # characters of the test log kept on the result
@@ -106,13 +106,13 @@ class GradeResult:
     ``patch_failed`` (the diff did not apply), ``timeout`` (the hidden tests ran past the limit twice),
     ``tampered`` (the test run's report was forged or its tripwire fired), ``broke_sandbox`` (the test run, which
     runs the patch's code, ended the sandbox from the inside) or ``error`` (the task itself is
-    broken: its hidden tests do not apply, or the harness could not run).
+    broken: its hidden tests do not apply, or the test run could not start).
     """
 
     task_id: str
     resolved: bool
     status: str
-    tests: Mapping[str, str] = field(default_factory=dict)  # node id → pytest status, from the harness report
+    tests: Mapping[str, str] = field(default_factory=dict)  # node id → pytest status, from the test run's report
     fail_to_pass: Mapping[str, bool] = field(default_factory=dict)
     pass_to_pass: Mapping[str, bool] = field(default_factory=dict)
     log: str = ""  # the tail of the test output (or of the failed apply)
@@ -324,12 +324,12 @@ class _Run:
     async def _run_tests(self) -> GradeResult:
         task, command = self.task, parse_test_command(self.task.test_command)
         guard = [*test_targets(task), *task.hidden_tests, *patch_paths(task.test_patch)]
-        await self.sandbox.write_file(f"{self.dir}/harness.py", _HARNESS)
+        await self.sandbox.write_file(f"{self.dir}/testrun.py", _TESTRUN)
         await self.sandbox.write_file(f"{self.dir}/tripwire.py", _TRIPWIRE)
         await self.sandbox.write_file(f"{self.dir}/guard", "".join(f"{path}\n" for path in dict.fromkeys(guard)))
         await self.sandbox.write_file(f"{self.dir}/token", self.token)
         config = await self._config()
-        supervisor = f'{shlex.quote(command.python)} -I "$d/harness.py" run --dir "$d"'
+        supervisor = f'{shlex.quote(command.python)} -I "$d/testrun.py" run --dir "$d"'
         options = shlex.join(["--log-cap", str(self.log_cap), "--timeout", f"{self.limit:g}", "--", "child"])
         child = f'--workdir "$PWD" --config {config} --plugins {shlex.quote(",".join(command.plugins))}'
         pytest_args = shlex.join(["--", *without_summary(command.args), *test_targets(task)])
@@ -352,11 +352,11 @@ class _Run:
     def _unreported(self, result: CommandResult) -> GradeResult:
         """No summary from the supervisor: the tests (the patch's code) killed it, starved it or buried its line."""
         if result.timed_out:
-            status, why = "timeout", "the sandbox command timed out: the tests kept the harness from finishing"
+            status, why = "timeout", "the sandbox command timed out: the tests kept the test run from finishing"
         else:
             status = "broke_sandbox"
             why = "its output was flooded past the sandbox's cap" if result.truncated else "it was ended from inside"
-        error = f"the grading harness did not report ({why})"
+        error = f"the grading test run did not report ({why})"
         return GradeResult(self.task.id, False, status, log=result.output[-_LOG_TAIL:], error=error)
 
     def _verdict(self, summary: Mapping[str, Any], report: bytes | str, log: bytes | str) -> GradeResult:
@@ -367,10 +367,10 @@ class _Run:
         report = report if isinstance(report, bytes) else b""
         log_text = log[-4 * _LOG_TAIL :].decode("utf-8", errors="replace") if isinstance(log, bytes) else ""
         if summary.get("report_error"):
-            problems.append(f"the harness could not write its report: {summary['report_error']}")
+            problems.append(f"the test run could not write its report: {summary['report_error']}")
         if hashlib.sha256(report).hexdigest() != summary.get("report_sha256"):
-            # Nothing in a report rewritten behind the harness's back is read (it may not even parse).
-            problems.append("the report file changed after the harness wrote it")
+            # Nothing in a report rewritten behind the test run's back is read (it may not even parse).
+            problems.append("the report file changed after the test run wrote it")
             report = b""
         tests, finish, tampered = _parse_report(report)
         f2p = {node: tests.get(node) in PASSING for node in task.fail_to_pass}
@@ -412,7 +412,7 @@ class _PatchInTheWay(Exception):
 def without_summary(args: Iterable[str]) -> list[str]:
     """``args`` with pytest's ``-r`` summary options replaced by ``-rfE`` (failures and errors only).
 
-    The verdict comes from the harness's report, not the terminal: a ``-rA`` summary only costs time (on a
+    The verdict comes from the test run's report, not the terminal: a ``-rA`` summary only costs time (on a
     7,500-test suite it made pytest 4× slower, 4.5 → 19.8 s), while failures and errors still help a reader.
     """
     kept = [arg for arg in args if not (arg.startswith("-r") and len(arg) > 2) and arg != "--report-chars"]
@@ -420,7 +420,7 @@ def without_summary(args: Iterable[str]) -> list[str]:
 
 
 def _summary(output: str, token: str) -> dict[str, Any] | None:
-    """The harness's last line, if it carries this run's token (a forged line cannot know it)."""
+    """The test run's last line, if it carries this run's token (a forged line cannot know it)."""
     for line in reversed(output.strip().splitlines()):
         try:
             summary = json.loads(line)
@@ -437,7 +437,7 @@ def _parse_report(report: bytes) -> tuple[dict[str, str], dict[str, Any] | None,
     finish: dict[str, Any] | None = None
     tampered: list[str] = []
     for line in report.splitlines():
-        record = json.loads(line)  # the harness wrote every line with json.dumps, and the hash says it did
+        record = json.loads(line)  # the test run wrote every line with json.dumps, and the hash says it did
         kind = record.get("t")
         if kind == "finish":
             finish = record
@@ -451,7 +451,7 @@ def _parse_report(report: bytes) -> tuple[dict[str, str], dict[str, Any] | None,
 
 
 def status_of(record: Mapping[str, Any]) -> str | None:
-    """The SWE-bench status of one test phase, from the raw facts the harness sent (None: the phase decides none).
+    """The SWE-bench status of one test phase, from the raw facts the test run sent (None: the phase decides none).
 
     A call phase that passed counts as PASSED only if it reached the test function; a skip or an xfail counts as
     SKIPPED or XFAIL only if the tests declared it (a marker, or raised from a test file or ``conftest.py``), and

@@ -1,9 +1,9 @@
 """The test process's guard on the test runner: what code under test may not change, watched three ways.
 
-The grading harness (:mod:`.harness`) loads this file (standard library only, python ≥ 3.8) into the test process
+The grading test run (:mod:`.testrun`) loads this file (standard library only, python ≥ 3.8) into the test process
 before any code of the repository runs. Code under test runs in that process, so everything it can reach is
 hostile. :class:`Tripwire` protects the *runner*: the modules of pytest, pluggy and unittest, the task's declared
-plugins, the harness and itself.
+plugins, the test run and itself.
 
 1. The runner's modules get a module class whose ``__setattr__``/``__delattr__`` refuse and report a write to a
    global (``_pytest.runner.call_and_report = …``) that does not come from the runner's own code. "The runner's
@@ -18,7 +18,7 @@ plugins, the harness and itself.
    be intercepted (no audit event covers them), so here a change counts unless the new value is the runner's
    own (one of its functions, an instance of one of its classes, plain data): pytest sets a few at run time.
 
-Findings go to ``report`` the moment they are made, so code that later clears the harness's state hides nothing.
+Findings go to ``report`` the moment they are made, so code that later clears the test run's state hides nothing.
 What remains possible (native code, walking the interpreter's memory, writing a dictionary directly and putting
 it back before the session ends) is listed in docs/agent/tasks.md.
 """

@@ -321,13 +321,13 @@ def test_in_docker_a_wide_summary_grades_whole_and_a_hang_times_out_twice():
     assert (hung.resolved, hung.status, hung.attempts) == (False, "timeout", 2)
 
 
-def test_a_report_rewritten_behind_the_harness_is_tampered_even_when_it_does_not_parse():
+def test_a_report_rewritten_behind_the_test_runs_back_is_tampered_even_when_it_does_not_parse():
     # A daemon left by the code under test can truncate and rewrite the report as the supervisor writes it.
     run = grading._Run(TASK, sandbox=None, limit=10.0, log_cap=1024)
     summary = {"report_sha256": "0" * 64, "exit_code": 0, "timed_out": False, "forged": 0}
     result = run._verdict(summary, b'n": "call"}\n{"t": "finish", "exit": 0, "collected": 16, "tampered": []}\n', "")
     assert (result.resolved, result.status) == (False, "tampered")
-    assert "changed after the harness wrote it" in result.error
+    assert "changed after the test run wrote it" in result.error
 
 
 class _ClosingSandbox:

@@ -156,8 +156,8 @@ def _forged(item, when, log=True, **kwargs):
     return report
 _pytest.runner.{how}
 """
-# The harness's own module (the test process's __main__) and the code of a runner function.
-HARNESS_STATUS = """
+# The test run's own module (the test process's __main__) and the code of a runner function.
+TESTRUN_STATUS = """
 import sys
 sys.modules["__main__"]._status = lambda report: "PASSED"
 """
@@ -254,7 +254,7 @@ ATTACKS = {
     "call_and_report replaced in the module's dict": on_import(
         FORGED_CALL_AND_REPORT.format(how="__dict__['call_and_report'] = _forged")
     ),
-    "the harness's own status function replaced": on_import(HARNESS_STATUS),
+    "the test run's own status function replaced": on_import(TESTRUN_STATUS),
     "a runner function's __code__ swapped": on_import(CODE_SWAP),
     "a hook implementation put into pluggy by hand": on_import(HOOKIMPL_BY_HAND),
     # outcomes the code under test raises or injects
@@ -335,7 +335,7 @@ def test_gold_patch_still_resolves(backend):
         ("a class's dictionary written through gc", "tampered"),
         ("call_and_report replaced on the module", "tampered"),
         ("call_and_report replaced in the module's dict", "tampered"),
-        ("the harness's own status function replaced", "tampered"),
+        ("the test run's own status function replaced", "tampered"),
         ("a runner function's __code__ swapped", "tampered"),
         ("a hook implementation put into pluggy by hand", "tampered"),
         ("the test log replaced by a directory", "tampered"),

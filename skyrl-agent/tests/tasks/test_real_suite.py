@@ -268,7 +268,7 @@ def test_a_bug_that_breaks_what_the_fix_does_not_repair_is_refused():
     with pytest.raises(build.BuildError, match="pass on the bug but not with the gold patch: x::a"):
         check_gradings("t", base, gold)
     with pytest.raises(build.BuildError, match="gold grading ended in error"):
-        check_gradings("t", base, GradeResult("t", False, "error", error="no harness report"))
+        check_gradings("t", base, GradeResult("t", False, "error", error="no test run report"))
 
 
 def test_a_bug_in_a_test_file_is_refused(tmp_path, backend):

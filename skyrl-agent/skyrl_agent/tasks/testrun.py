@@ -1,8 +1,8 @@
-"""The grading harness: runs a task's hidden tests inside the grading sandbox and reports through its own channel.
+"""The grading test run: runs a task's hidden tests inside the grading sandbox and reports through its own channel.
 
 :mod:`skyrl_agent.tasks.grading` writes this file (standard library only, python ≥ 3.8) into a directory of its
 own outside the repository under test, with a one-time token in ``DIR/token``, and runs it as
-``PYTHON -I harness.py run --dir DIR … -- child …``. Two processes:
+``PYTHON -I testrun.py run --dir DIR … -- child …``. Two processes:
 
 ``run`` (the supervisor)
     Reads and deletes the token, makes itself undumpable (the test process, running as the same user, can then
@@ -489,16 +489,16 @@ def _options(argv: list[str], names: tuple[str, ...]) -> tuple[dict[str, str], l
     index = 0
     while index < len(argv) and argv[index] != "--":
         if argv[index] not in names or index + 1 >= len(argv):
-            sys.exit(f"harness: unexpected argument {argv[index]!r}")
+            sys.exit(f"testrun: unexpected argument {argv[index]!r}")
         opts[argv[index]] = argv[index + 1]
         index += 2
     missing = [name for name in names if name not in opts]
     if missing:
-        sys.exit(f"harness: missing {', '.join(missing)}")
+        sys.exit(f"testrun: missing {', '.join(missing)}")
     return opts, argv[index + 1 :]
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in ("run", "child"):
-        sys.exit("usage: harness.py run|child OPTIONS -- PYTEST_ARGS")
+        sys.exit("usage: testrun.py run|child OPTIONS -- PYTEST_ARGS")
     (supervise if sys.argv[1] == "run" else run_tests)(sys.argv[2:])
