@@ -80,7 +80,7 @@ def make_llm(model: str, served_model: str = "default") -> LLMClient | Any:
 
 def episode_record(result: EpisodeResult) -> dict[str, Any]:
     """One line of ``trajectories.jsonl``."""
-    from skyrl_agent.harness.pipeline import HarnessTrajectory
+    from skyrl_agent.harness.episodes import HarnessTrajectory
 
     trajectory = result.trajectory if isinstance(result.trajectory, Trajectory) else None
     grade_details = dict(result.grade.details) if result.grade else None
@@ -258,7 +258,7 @@ async def _run_harness(
 
     The seconds are None when a plain server answered the calls: they are the harness's own requests.
     """
-    from skyrl_agent.harness.pipeline import HarnessPipeline
+    from skyrl_agent.harness.episodes import HarnessPipeline
     from skyrl_agent.integrations.serving import make_harness, serving
     from skyrl_agent.llm.scripted import null_policy
 

@@ -16,7 +16,7 @@ from skyrl_agent.harness.base import (
     SessionTicket,
 )
 from skyrl_agent.harness.command import CommandHarness
-from skyrl_agent.harness.pipeline import HarnessError, HarnessPipeline, HarnessTrajectory
+from skyrl_agent.harness.episodes import HarnessError, HarnessPipeline, HarnessTrajectory
 
 __all__ = [
     "CommandHarness",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from skyrl_agent.dispatch import EpisodeResult
 from skyrl_agent.harness.base import Harness, SessionTicket
-from skyrl_agent.harness.pipeline import HarnessPipeline, HarnessTrajectory
+from skyrl_agent.harness.episodes import HarnessPipeline, HarnessTrajectory
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorConfig, _Row
 from skyrl_agent.integrations.tokens import ChatTemplate, TokenRow, treat_steps
 from skyrl_agent.llm.scripted import null_policy
