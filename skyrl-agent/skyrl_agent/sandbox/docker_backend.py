@@ -1,4 +1,4 @@
-"""Docker sandboxes through the ``docker`` SDK; the only module (with the reaper's helpers here) that imports it.
+"""Docker sandboxes through the ``docker`` SDK (only this module, .docker_leases and .docker_calls import it).
 
 Each sandbox is a hardened container (no network unless asked, memory/CPU/pids limits, all capabilities
 dropped, no-new-privileges, tini as PID 1, a non-root user, a size-capped json-file log) whose main process
@@ -7,7 +7,7 @@ attached before the start (:mod:`.attach`); a runner started later (a respawn) i
 ``docker exec -i`` stream. A spec's model socket directory is mounted read-only and its forwarder started before
 anything else (:mod:`.session_socket`): the container's one way out, to its model server. Every container and
 committed image carries the labels ``skyrl.managed=1``, ``skyrl.run``, ``skyrl.episode`` and ``skyrl.owner``; the
-owner (the backend) holds a :class:`Lease` with the daemon while it lives (see :mod:`.reaper`).
+owner (the backend) holds a :class:`~.docker_leases.Lease` with the daemon while it lives (see :mod:`.reaper`).
 
 SDK calls block, so they run in threads; the client has explicit timeouts so an unreachable daemon fails fast
 with :class:`SandboxUnavailableError` instead of hanging. A start whose caller is cancelled runs on in its
@@ -17,7 +17,6 @@ thread, and what it started is removed (:class:`_Handoff`).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import calendar
 import contextlib
 import logging
@@ -28,16 +27,13 @@ import socket
 import threading
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
 import docker
 import docker.errors
 import docker.types
-import requests.exceptions
 
 from skyrl_agent.sandbox import ownership
 from skyrl_agent.sandbox.attach import INIT_SCRIPT, AttachedChannel, runner_argv_input
@@ -51,6 +47,10 @@ from skyrl_agent.sandbox.base import (
     SandboxUnavailableError,
     Snapshot,
 )
+
+# The lease and the removal helpers live in leaf modules; their names stay importable from here.
+from skyrl_agent.sandbox.docker_calls import REMOVE_BACKOFF_S, UNREACHABLE, remove_volume, retry_remove
+from skyrl_agent.sandbox.docker_leases import Lease, daemon_time_s, list_leases
 from skyrl_agent.sandbox.session_socket import forwarder_command
 from skyrl_agent.sandbox.shell import DEFAULT_OUTPUT_CAP, ChannelOpener, PersistentShell, RunnerChannel
 
@@ -58,13 +58,27 @@ PING_TIMEOUT_S = 5.0  # how long to wait for the daemon to answer before declari
 API_TIMEOUT_S = 120.0  # per SDK call once connected (starts take seconds under load)
 DEAD_MAN_S = 6 * 3600  # a container whose owner vanished without cleanup exits on its own after this
 STATE_PATH = "/tmp/.skyrl-shell-state"
-REMOVE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)  # waits between force-removal attempts of a container or image
 LOG_MAX_SIZE = "16m"  # a container's json-file log: bytes per file (docker units), so a flood cannot fill the disk
 LOG_MAX_FILES = 2  # ...and files kept (the current one and one rotated)
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "REMOVE_BACKOFF_S",
+    "DockerBackend",
+    "DockerSandbox",
+    "Lease",
+    "connect",
+    "containers_of_run",
+    "daemon_time_s",
+    "ended_from_inside",
+    "list_leases",
+    "list_managed",
+    "managed_labels",
+    "remove_container",
+    "remove_image",
+    "remove_volume",
+]
 
-_UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError)
+log = logging.getLogger(__name__)
 
 
 def connect(timeout_s: float = API_TIMEOUT_S, max_pool_size: int = 32) -> Any:
@@ -78,7 +92,7 @@ def connect(timeout_s: float = API_TIMEOUT_S, max_pool_size: int = 32) -> Any:
         probe.ping()
         probe.close()
         return docker.from_env(timeout=timeout_s, max_pool_size=max_pool_size)
-    except (docker.errors.DockerException, *_UNREACHABLE) as exc:
+    except (docker.errors.DockerException, *UNREACHABLE) as exc:
         host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         raise SandboxUnavailableError(
             f"no Docker engine answered at {host} within {PING_TIMEOUT_S:g} s ({exc.__class__.__name__}: {exc});"
@@ -93,163 +107,6 @@ def managed_labels(run_id: str, episode: str, extra: dict[str, str], *, owner: s
     """
     managed = {"skyrl.managed": "1", "skyrl.run": run_id, "skyrl.episode": episode, ownership.OWNER_LABEL: owner}
     return {**extra, **managed}
-
-
-def _renewal_client(timeout_s: float) -> Any:
-    """A client of the daemon :func:`connect` reaches whose requests time out after ``timeout_s``: a lease's own."""
-    return docker.from_env(timeout=timeout_s, max_pool_size=1)
-
-
-class Lease:
-    """An owner's claim on its containers and images: a labelled volume it renews (see :mod:`.reaper`).
-
-    :meth:`acquire` creates the first volume and starts a daemon thread that renews the lease every ``ttl_s / 4``
-    (a successor volume first, then the predecessors go); :meth:`release` stops the thread and removes the
-    volumes. Leases still held when the interpreter exits are released then.
-
-    Renewals go through a client of their own whose requests time out after ``request_timeout_s`` (``ttl_s / 8``),
-    so a daemon that is slow to answer, or never answers, holds the thread back that long at most, not for a whole
-    client timeout. While renewals fail an attempt starts every ``request_timeout_s``, about six of them before the
-    lease could expire. Once none has succeeded for ``ttl_s``, :attr:`lapsed` is true, an error is logged, and the
-    reaper of any process may remove the owner's sandboxes.
-
-    Args:
-        run_id: the ``skyrl.run`` label of the lease volumes.
-        ttl_s: seconds the lease lasts after its newest volume was created (by the daemon's clock).
-        connect_renewals: makes the client renewals go through, given its request timeout in seconds (default: a
-            client from the environment, as :func:`connect` makes); it is made on the first renewal.
-    """
-
-    def __init__(
-        self, run_id: str, ttl_s: float, *, connect_renewals: Callable[[float], Any] = _renewal_client
-    ) -> None:
-        self.owner = ownership.new_owner_id()
-        self.run_id = run_id
-        self.ttl_s = ttl_s
-        self.request_timeout_s = ttl_s / 8
-        self._connect_renewals = connect_renewals
-        self._client: Any = None  # the caller's, for the first volume and the release
-        self._renewer: Any = None  # the lease's own, for renewals
-        self._volumes: list[str] = []  # newest first
-        self._renewals = 0
-        self._renewed_at = -math.inf  # time.monotonic() when the request of the newest volume was sent
-        self._lapse_logged = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def held(self) -> bool:
-        """Whether the lease was acquired and not released."""
-        return self._thread is not None
-
-    @property
-    def lapsed(self) -> bool:
-        """Whether the held lease may have expired: no renewal sent less than ``ttl_s`` ago has succeeded.
-
-        The daemon stamps a volume after its request was sent, so by the daemon's clock the lease lasts at least
-        ``ttl_s`` after the send; past that, this owner's sandboxes may have been reaped.
-        """
-        return self.held and time.monotonic() - self._renewed_at >= self.ttl_s
-
-    def acquire(self, client: Any) -> None:
-        """Create the lease with ``client`` and start renewing it.
-
-        Raises:
-            SandboxUnavailableError: the daemon refused or did not answer.
-        """
-        self._client = client
-        try:
-            self._create_successor(client)
-        except (docker.errors.DockerException, *_UNREACHABLE) as exc:
-            raise SandboxUnavailableError(f"could not create the lease volume of {self.owner}: {exc}") from exc
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._keep, name=f"skyrl-lease-{self.owner}", daemon=True)
-        self._thread.start()
-        _hold(self)
-
-    def renew(self) -> None:
-        """Create a successor volume through the renewal client, then remove the older ones (those that fail stay).
-
-        Raises:
-            docker.errors.DockerException, requests.exceptions.RequestException: the daemon refused, or did not
-                answer within ``request_timeout_s``.
-        """
-        if self._renewer is None:
-            self._renewer = self._connect_renewals(self.request_timeout_s)
-        self._create_successor(self._renewer)
-
-    def release(self) -> None:
-        """Stop renewing and remove the lease volumes; idempotent (a volume that stays expires on its own)."""
-        thread, self._thread = self._thread, None
-        _HELD.discard(self)
-        self._stop.set()
-        if thread is not None:
-            thread.join()  # a renewal in flight ends within its request timeout
-        with self._lock:
-            self._volumes = [volume for volume in self._volumes if not remove_volume(self._client, volume)]
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None:
-            renewer.close()
-
-    def _create_successor(self, client: Any) -> None:
-        with self._lock:
-            self._renewals += 1
-            name = f"skyrl-lease-{self.owner}-{self._renewals}"
-            labels = ownership.lease_labels(self.owner, self.run_id, self.ttl_s)
-            sent = time.monotonic()
-            try:
-                client.volumes.create(name=name, driver="local", labels=labels)
-            except BaseException:
-                self._volumes.append(name)  # a request that timed out may still be carried out: removed later
-                raise
-            self._renewed_at = sent
-            older, self._volumes = self._volumes, [name]
-            self._volumes += [volume for volume in older if not remove_volume(client, volume, retries=False)]
-
-    def _keep(self) -> None:
-        wait_s = self.ttl_s / 4
-        while not self._stop.wait(wait_s):
-            started = time.monotonic()
-            if self._try_renew():
-                wait_s = self.ttl_s / 4
-            else:  # the next attempt starts one request timeout after this one did (at once after a timeout)
-                wait_s = max(0.0, self.request_timeout_s - (time.monotonic() - started))
-
-    def _try_renew(self) -> bool:
-        try:
-            self.renew()
-        except (docker.errors.DockerException, *_UNREACHABLE) as exc:
-            if not self.lapsed:
-                log.warning("renewing the lease of %s failed (%s); retrying", self.owner, exc)
-            elif not self._lapse_logged:
-                self._lapse_logged = True
-                log.error(
-                    "the lease of %s may have expired: no renewal succeeded for %g s (last error: %s); other runs'"
-                    " reapers may remove its sandboxes", self.owner, self.ttl_s, exc,
-                )  # fmt: skip
-            return False
-        if self._lapse_logged:
-            self._lapse_logged = False
-            log.warning("the lease of %s was renewed after it had lapsed; its sandboxes may be gone", self.owner)
-        return True
-
-
-_HELD: weakref.WeakSet[Lease] = weakref.WeakSet()
-
-
-def _hold(lease: Lease) -> None:
-    if not _HELD:
-        atexit.unregister(_release_held)  # registered once
-        atexit.register(_release_held)
-    _HELD.add(lease)
-
-
-def _release_held() -> None:
-    """Release the leases nobody closed (a backend dropped without ``close``): their volumes need no reaper."""
-    for lease in list(_HELD):
-        with contextlib.suppress(Exception):  # at exit there is nobody to report to
-            lease.release()
 
 
 class _Handoff:
@@ -511,13 +368,11 @@ class DockerBackend:
         unconfirmed, self._unconfirmed = self._unconfirmed, []
         if self._client is not None:
             for name in unconfirmed:
-                if not await asyncio.to_thread(_retry_remove, self._client.api.remove_container, name, name):
+                if not await asyncio.to_thread(retry_remove, self._client.api.remove_container, name, name):
                     self.leaked.append(name)
                     errors.append(SandboxError(f"container {name} (of a failed start) could not be removed"))
             for image_id in images:
-                if not await asyncio.to_thread(
-                    _retry_remove, self._client.images.remove, image_id, f"image {image_id}"
-                ):
+                if not await asyncio.to_thread(retry_remove, self._client.images.remove, image_id, f"image {image_id}"):
                     self.leaked.append(image_id)
                     errors.append(SandboxError(f"snapshot image {image_id} could not be removed"))
         if self._lease.held:
@@ -604,7 +459,7 @@ class DockerBackend:
                 _discard((container, attached))
                 return None
             return container, attached
-        except _UNREACHABLE as exc:
+        except UNREACHABLE as exc:
             self._remove_failed_start(client, container, name)
             raise SandboxUnavailableError(
                 f"the Docker daemon stopped answering while starting a sandbox: {exc}"
@@ -622,7 +477,7 @@ class DockerBackend:
         """
         if container is not None:
             _force_remove(container)
-        elif not _retry_remove(client.api.remove_container, name, f"container {name}"):
+        elif not retry_remove(client.api.remove_container, name, f"container {name}"):
             self._unconfirmed.append(name)
 
     def _shell_for(self, container: Any, spec: SandboxSpec) -> PersistentShell:
@@ -657,7 +512,7 @@ def ended_from_inside(container: Any) -> str | None:
         filters = {"type": "container", "container": container.id, "event": ["kill", "stop"]}
         if any(True for _ in container.client.api.events(since=since, until=until, filters=filters, decode=True)):
             return None
-    except (docker.errors.DockerException, *_UNREACHABLE):
+    except (docker.errors.DockerException, *UNREACHABLE):
         return None
     memory = " out of memory" if state["OOMKilled"] else ""
     return f"container {container.id[:12]} exited{memory} with status {state['ExitCode']}, not killed from the host"
@@ -706,26 +561,9 @@ def _attached_opener(attached: socket.socket) -> ChannelOpener:
     return opener
 
 
-def _retry_remove(remove: Any, ref: str, what: str) -> bool:
-    """Call ``remove(ref, force=True)`` until it succeeds or ``ref`` is gone; False (and a warning) if it stays."""
-    error: Exception | None = None
-    for attempt, wait_s in enumerate((0.0, *REMOVE_BACKOFF_S)):
-        time.sleep(wait_s)
-        try:
-            remove(ref, force=True)
-            return True
-        except docker.errors.NotFound:
-            return True
-        except (docker.errors.APIError, *_UNREACHABLE) as exc:
-            error = exc
-            log.debug("removing %s failed (attempt %d): %s", what, attempt + 1, exc)
-    log.warning("%s was not removed after %d attempts: %s", what, len(REMOVE_BACKOFF_S) + 1, error)
-    return False
-
-
 def remove_container(container: Any) -> bool:
     """Force-remove ``container`` with retries; True when it is gone (or was already)."""
-    return _retry_remove(
+    return retry_remove(
         lambda _ref, force: container.remove(force=force), container.id, f"container {container.id[:12]}"
     )
 
@@ -771,46 +609,7 @@ def containers_of_run(run_id: str) -> list[Any]:
 
 def remove_image(client: Any, image: Any) -> bool:
     """Force-remove ``image`` with retries; True when it is gone (or was already)."""
-    return _retry_remove(client.images.remove, image.id, f"image {image.short_id}")
-
-
-def remove_volume(client: Any, name: str, *, retries: bool = True) -> bool:
-    """Force-remove the volume ``name`` (with retries unless told not to); True when it is gone (or was already)."""
-    if retries:
-        return _retry_remove(client.api.remove_volume, name, f"volume {name}")
-    try:
-        client.api.remove_volume(name, force=True)
-    except docker.errors.NotFound:
-        pass
-    except (docker.errors.APIError, *_UNREACHABLE) as exc:
-        log.debug("removing volume %s failed: %s", name, exc)
-        return False
-    return True
-
-
-def list_leases(client: Any, run_id: str | None) -> list[ownership.LeaseRecord]:
-    """The lease volumes (of ``run_id`` when given), for the reaper; an unreadable one counts as expired.
-
-    The daemon stamps a volume to the whole second, rounded down; such a stamp is read as the end of its second,
-    so that a lease never expires earlier than ``ttl`` after its volume was made.
-    """
-    filters = [ownership.LEASE_LABEL] + ([f"skyrl.run={run_id}"] if run_id else [])
-    leases = []
-    for volume in client.volumes.list(filters={"label": filters}):
-        labels = volume.attrs.get("Labels") or {}
-        try:
-            stamp = volume.attrs["CreatedAt"]
-            created_s = datetime.fromisoformat(stamp).timestamp() + (0.0 if "." in stamp else 1.0)
-            ttl_s = float(labels[ownership.LEASE_TTL_LABEL])
-        except (KeyError, ValueError):
-            created_s, ttl_s = 0.0, 0.0
-        leases.append(ownership.LeaseRecord(volume.name, labels.get(ownership.LEASE_LABEL, ""), created_s, ttl_s))
-    return leases
-
-
-def daemon_time_s(client: Any) -> float:
-    """The daemon's clock in seconds since the epoch (leases are timed by it, whatever the caller's clock says)."""
-    return datetime.fromisoformat(client.info()["SystemTime"]).timestamp()
+    return retry_remove(client.images.remove, image.id, f"image {image.short_id}")
 
 
 def _init_script(spec: SandboxSpec) -> str:

@@ -131,7 +131,7 @@ def reap(
         SandboxUnavailableError: no Docker daemon answered.
     """
     # Imported here, not at the top: the docker SDK loads only when something is reaped.
-    from skyrl_agent.sandbox import docker_backend
+    from skyrl_agent.sandbox import docker_backend, docker_leases
 
     client = docker_backend.connect()
     try:
@@ -140,7 +140,7 @@ def reap(
             owners = {_owner_of(resource) for resource in (*containers, *images)}
             leases, alive = _alive_owners(client, run_id, owners, wait)
         else:
-            leases, alive = docker_backend.list_leases(client, run_id), set()
+            leases, alive = docker_leases.list_leases(client, run_id), set()
         return _remove_unowned(client, containers, images, leases, alive)
     finally:
         client.close()
@@ -154,20 +154,20 @@ def _alive_owners(
     client: Any, run_id: str | None, owners: set[str], wait: Callable[[float], None]
 ) -> tuple[list[LeaseRecord], set[str]]:
     """The newest listing of leases and the owners alive by it, among ``owners`` (of resources) and lease holders."""
-    from skyrl_agent.sandbox import docker_backend
+    from skyrl_agent.sandbox import docker_leases
 
     # Listed after the resources: a resource listed before has its owner's lease (if live) in this listing. The
     # clock is read before each listing, so a lease created in between is judged by a time before its stamp.
-    now_s = docker_backend.daemon_time_s(client)
-    first = docker_backend.list_leases(client, run_id)
+    now_s = docker_leases.daemon_time_s(client)
+    first = docker_leases.list_leases(client, run_id)
     live = live_owners(first, now_s)
     suspects = owners - live
     wait_s = confirmation_s(first, suspects)
     if wait_s == 0:
         return first, live
     wait(wait_s)
-    now_s = docker_backend.daemon_time_s(client)
-    second = docker_backend.list_leases(client, run_id)
+    now_s = docker_leases.daemon_time_s(client)
+    second = docker_leases.list_leases(client, run_id)
     return second, survivors(first, second, now_s, owners - suspects)
 
 
@@ -175,7 +175,7 @@ def _remove_unowned(
     client: Any, containers: list[Any], images: list[Any], leases: list[LeaseRecord], alive: set[str]
 ) -> ReapReport:
     """Remove the containers, images and leases whose owner is not in ``alive``."""
-    from skyrl_agent.sandbox import docker_backend
+    from skyrl_agent.sandbox import docker_backend, docker_calls
 
     report = ReapReport()
     for container in containers:
@@ -185,7 +185,7 @@ def _remove_unowned(
         if _owner_of(image) not in alive and docker_backend.remove_image(client, image):
             report.images.append(image.short_id)
     for lease in leases:
-        if lease.owner not in alive and docker_backend.remove_volume(client, lease.name):
+        if lease.owner not in alive and docker_calls.remove_volume(client, lease.name):
             report.leases.append(lease.name)
     return report
 

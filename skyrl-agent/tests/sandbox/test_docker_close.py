@@ -12,7 +12,7 @@ import pytest
 import requests.exceptions
 
 from skyrl_agent.dispatch import Dispatcher, Episode, GradeResult, Outcome, RunContext
-from skyrl_agent.sandbox import docker_backend, reaper
+from skyrl_agent.sandbox import docker_backend, docker_calls, reaper
 from skyrl_agent.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from skyrl_agent.sandbox.docker_backend import DockerBackend, DockerSandbox, containers_of_run
 from skyrl_agent.testing import ScriptedClient
@@ -22,7 +22,7 @@ from .conftest import SPEC
 
 @pytest.fixture(autouse=True)
 def no_removal_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_backend, "REMOVE_BACKOFF_S", (0.0, 0.0, 0.0, 0.0))
+    monkeypatch.setattr(docker_calls, "REMOVE_BACKOFF_S", (0.0, 0.0, 0.0, 0.0))
 
 
 class FakeContainer:
@@ -77,7 +77,7 @@ def test_failed_removal_raises_only_sandbox_error_once_and_logs(
 
     with caplog.at_level(logging.WARNING, logger=docker_backend.__name__):
         asyncio.run(main())
-    assert container.remove_calls == 1 + len(docker_backend.REMOVE_BACKOFF_S)
+    assert container.remove_calls == 1 + len(docker_calls.REMOVE_BACKOFF_S)
     assert shell.closes == 1
     assert backend.leaked == [container.id]
     assert any("was not removed after 5 attempts" in r.getMessage() for r in caplog.records)
