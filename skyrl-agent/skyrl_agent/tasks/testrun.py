@@ -48,6 +48,7 @@ from typing import Any
 
 KEEP_TAIL = 64 * 1024  # bytes at the end of the log always kept, past the cap
 KILL_AFTER_S = 5.0
+CHECK_EVERY_S = 0.05  # the tripwire's check of the runner's critical classes and modules, during the tests
 
 
 def supervise(argv: list[str]) -> None:
@@ -237,7 +238,7 @@ def run_tests(argv: list[str]) -> None:
     with open(opts["--guard"]) as handle:
         guard = [line for line in handle.read().splitlines() if line]
     for name in ("pytest_pyfunc_call", "pytest_runtest_call", "pytest_runtest_makereport"):
-        pytest.hookimpl(hookwrapper=True)(getattr(Reporter, name))
+        pytest.hookimpl(tryfirst=True)(getattr(Reporter, name))
     reporter = Reporter(channel, tripwire, workdir, guard)
     tripwire.arm()  # from here on, code under test may import: nothing of the repository has run yet
     os.chdir(workdir)
@@ -298,12 +299,12 @@ class Reporter:
         self._channel, self._tripwire, self._workdir = channel, tripwire, workdir
         self._hashes = {os.path.join(workdir, path): _digest(os.path.join(workdir, path)) for path in guard}
         self._sources = {os.path.join(workdir, path): _declaring_sources(workdir, path) for path in guard}
-        self._collected, self._modules = 0, 0
+        self._collected, self._modules, self._next_check = 0, 0, 0.0
         self._pyfunc_run = _pytest.python.Function.runtest
         self._verdict_exceptions = (_pytest.outcomes.Skipped, _pytest.outcomes.XFailed)
         self._runner_dirs = tuple(_package_dir(name) for name in ("pytest", "_pytest", "pluggy", "unittest"))
         self._entered: dict[str, set[str]] = {"pyfunc": set(), "call": set()}
-        self._facts: dict[tuple[str, str], tuple[bool, bool]] = {}  # (node, phase) → (declared, ran)
+        self._facts: dict[tuple[str, str], tuple[Any, Any, bool]] = {}  # (node, phase) → (item, excinfo, ran)
 
     def pytest_collectstart(self, collector: Any) -> None:
         """A hidden test file must be what the grader wrote when pytest imports it, with no cached bytecode."""
@@ -330,34 +331,41 @@ class Reporter:
         """Remember how many tests were collected."""
         self._collected = len(session.items)
 
-    def pytest_pyfunc_call(self, pyfuncitem: Any) -> Any:
-        """(A hook wrapper.) The test function itself was called: a call phase that never got here ran nothing."""
+    def pytest_pyfunc_call(self, pyfuncitem: Any) -> None:
+        """(Runs first, returns nothing.) The test function was called: a call phase that never got here ran nothing."""
         self._entered["pyfunc"].add(pyfuncitem.nodeid)
-        yield
 
-    def pytest_runtest_call(self, item: Any) -> Any:
-        """(A hook wrapper.) The item's test ran (for items whose test is not a plain function)."""
+    def pytest_runtest_call(self, item: Any) -> None:
+        """(Runs first.) The item's test ran (for items whose test is not a plain function)."""
         self._entered["call"].add(item.nodeid)
-        yield
 
-    def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
-        """(A hook wrapper.) Whether a skip or xfail was declared by the tests, and whether the call phase ran."""
-        yield
-        excinfo = call.excinfo
+    def pytest_runtest_makereport(self, item: Any, call: Any) -> None:
+        """(Runs first, returns nothing.) What the phase's report line needs besides the report itself.
+
+        Plain hook implementations, not wrappers: an old-style wrapper per phase cost a 5,000-test run a second.
+        """
+        plain = type(item).runtest is self._pyfunc_run
+        ran = item.nodeid in self._entered["pyfunc" if plain else "call"]
+        self._facts[(item.nodeid, call.when)] = (item, call.excinfo, ran)
+
+    def _declared(self, item: Any, excinfo: Any) -> bool:
+        """Whether a phase's skip or xfail was declared by the tests (module docstring)."""
         origin = None
         if excinfo is not None and isinstance(excinfo.value, self._imperative()):
             origin = self._origin(excinfo.tb)
         # Raised by pytest itself (a marker's skip or xfail), or no exception: the markers decide.
-        declared = self._marked_by_tests(item) if origin is None else self._tests_own(origin)
-        plain = type(item).runtest is self._pyfunc_run
-        ran = item.nodeid in self._entered["pyfunc" if plain else "call"]
-        self._facts[(item.nodeid, call.when)] = (declared, ran)
+        return self._marked_by_tests(item) if origin is None else self._tests_own(origin)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         """One line per phase: its outcome, whether it was an xfail, declared by the tests, and actually ran."""
         self._watch()
-        self._tripwire.verify(critical=True)
-        declared, ran = self._facts.pop((report.nodeid, report.when), (False, False))
+        now = time.monotonic()
+        if now >= self._next_check:  # at most every CHECK_EVERY_S: a check per phase doubled a 5,000-test run
+            self._tripwire.verify(critical=True)
+            self._next_check = now + CHECK_EVERY_S
+        item, excinfo, ran = self._facts.pop((report.nodeid, report.when), (None, None, False))
+        skip_or_xfail = report.skipped or hasattr(report, "wasxfail")  # the only phases "declared" decides
+        declared = item is not None and skip_or_xfail and self._declared(item, excinfo)
         record = {"t": "test", "id": report.nodeid, "when": report.when, "outcome": report.outcome,
                   "xfail": hasattr(report, "wasxfail"), "declared": declared, "ran": ran}  # fmt: skip
         self._channel.send(record)
@@ -389,9 +397,11 @@ class Reporter:
         ``pytestmark``) is in neither, and does not count.
         """
         names = [name for name in ("skip", "skipif", "xfail") if any(True for _ in item.iter_markers(name))]
+        if not names:
+            return False
         path = os.path.realpath(str(getattr(item, "path", None) or getattr(item, "fspath", "")))
         sources = self._sources.get(path, [])
-        return bool(names) and all(any(name in text for text in sources) for name in names)
+        return all(any(name in text for text in sources) for name in names)
 
     def _origin(self, tb: Any) -> str | None:
         """The file of the innermost frame outside the runner in a skip/xfail's traceback (None: the runner's own)."""
