@@ -14,7 +14,7 @@ plugins, the test run and itself.
    class's writable dictionary).
 3. A complete snapshot of those modules' globals, their classes' dictionaries and their functions' code and
    defaults, taken before the repository is imported, is compared with what is there: the classes and modules
-   that turn a test call into its report after every test phase, everything at the end. Class attributes cannot
+   that turn a test call into its report every 50 ms of the run, everything at the end. Class attributes cannot
    be intercepted (no audit event covers them), so here a change counts unless the new value is the runner's
    own (one of its functions, an instance of one of its classes, plain data): pytest sets a few at run time.
 
@@ -33,7 +33,7 @@ from typing import Any
 RUNNER = ("pytest", "_pytest", "pluggy", "unittest", "iniconfig", "py", "__main__", "skyrl_tripwire")
 # Runner code that sets attributes for its caller: a write through it is the caller's, not the runner's.
 HELPERS = ("_pytest.monkeypatch", "unittest.mock")
-# What turns a test call into its report: checked after every test phase, the rest at the end.
+# What turns a test call into its report: checked every 50 ms of the run, the rest at the end.
 CRITICAL_CLASSES = {
     "_pytest.runner": ("CallInfo", "SetupState"),
     "_pytest.reports": ("BaseReport", "TestReport", "CollectReport"),
