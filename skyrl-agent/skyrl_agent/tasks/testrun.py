@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 KEEP_TAIL = 64 * 1024  # bytes at the end of the log always kept, past the cap
@@ -227,9 +228,9 @@ def run_tests(argv: list[str]) -> None:
     os.close(devnull)
     import importlib
 
-    channel = _Channel(int(opts["--report-fd"]), token)
+    send, tamper = _channel(int(opts["--report-fd"]), token)
     plugins = [name for name in opts["--plugins"].split(",") if name]
-    tripwire = _load_tripwire().Tripwire(channel.tamper, tuple(name.split(".")[0] for name in plugins))
+    tripwire = _load_tripwire().Tripwire(tamper, tuple(name.split(".")[0] for name in plugins))
     import pytest
 
     _import_runner(importlib)
@@ -239,7 +240,7 @@ def run_tests(argv: list[str]) -> None:
         guard = [line for line in handle.read().splitlines() if line]
     for name in ("pytest_pyfunc_call", "pytest_runtest_call", "pytest_runtest_makereport"):
         pytest.hookimpl(tryfirst=True)(getattr(Reporter, name))
-    reporter = Reporter(channel, tripwire, workdir, guard)
+    reporter = Reporter(send, tripwire, workdir, guard)
     tripwire.arm()  # from here on, code under test may import: nothing of the repository has run yet
     os.chdir(workdir)
     sys.path.insert(0, workdir)  # what `python -m pytest` gives the tests, added after the runner is imported
@@ -270,20 +271,23 @@ def _import_runner(importlib: Any) -> None:
             importlib.import_module("_pytest." + name)
 
 
-class _Channel:
-    """The signed report pipe: one JSON line per record, written at once."""
+def _channel(fd: int, token: bytes) -> tuple[Callable[[dict[str, Any]], None], Callable[[str], None]]:
+    """The signed report pipe's two writers: a record, and a tamper finding; each line written at once.
 
-    def __init__(self, fd: int, token: bytes, write: Any = os.write, dumps: Any = json.dumps) -> None:
-        # os.write and json.dumps are bound now: code under test that replaces them later changes nothing here.
-        self._fd, self._token, self._os_write, self._dumps = fd, token, write, dumps
+    Closures over ``os.write`` and ``json.dumps`` as they are now, not methods: code under test that replaces
+    those, or assigns to a class attribute (which no hook sees), changes nothing here.
+    """
+    write, dumps = os.write, json.dumps
 
-    def send(self, record: dict[str, Any]) -> None:
-        data = self._token + b" " + self._dumps(record).encode() + b"\n"
+    def send(record: dict[str, Any]) -> None:
+        data = token + b" " + dumps(record).encode() + b"\n"
         while data:
-            data = data[self._os_write(self._fd, data) :]
+            data = data[write(fd, data) :]
 
-    def tamper(self, problem: str) -> None:
-        self.send({"t": "tamper", "what": problem})
+    def tamper(problem: str) -> None:
+        send({"t": "tamper", "what": problem})
+
+    return send, tamper
 
 
 class Reporter:
@@ -292,11 +296,11 @@ class Reporter:
     The statuses are decided by the grader from these facts (``skyrl_agent.tasks.grading``), not here.
     """
 
-    def __init__(self, channel: _Channel, tripwire: Any, workdir: str, guard: list[str]) -> None:
+    def __init__(self, send: Callable[[dict[str, Any]], None], tripwire: Any, workdir: str, guard: list[str]) -> None:
         import _pytest.outcomes
         import _pytest.python
 
-        self._channel, self._tripwire, self._workdir = channel, tripwire, workdir
+        self._send, self._tripwire, self._workdir = send, tripwire, workdir
         self._hashes = {os.path.join(workdir, path): _digest(os.path.join(workdir, path)) for path in guard}
         self._sources = {os.path.join(workdir, path): _declaring_sources(workdir, path) for path in guard}
         self._collected, self._modules, self._next_check = 0, 0, 0.0
@@ -325,7 +329,7 @@ class Reporter:
     def pytest_collectreport(self, report: Any) -> None:
         """A file that fails to collect is an ERROR under its path (its tests are then missing)."""
         if report.failed:
-            self._channel.send({"t": "test", "id": report.nodeid, "when": "collect", "outcome": "failed"})
+            self._send({"t": "test", "id": report.nodeid, "when": "collect", "outcome": "failed"})
 
     def pytest_collection_finish(self, session: Any) -> None:
         """Remember how many tests were collected."""
@@ -368,7 +372,7 @@ class Reporter:
         declared = item is not None and skip_or_xfail and self._declared(item, excinfo)
         record = {"t": "test", "id": report.nodeid, "when": report.when, "outcome": report.outcome,
                   "xfail": hasattr(report, "wasxfail"), "declared": declared, "ran": ran}  # fmt: skip
-        self._channel.send(record)
+        self._send(record)
 
     def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
         """The final line, after the tripwire's last check: exit status and tests collected."""
@@ -377,7 +381,7 @@ class Reporter:
         for problem in _foreign_hookimpls(session.config.pluginmanager):
             self._tripwire.found(problem)
         self._tripwire.verify()
-        self._channel.send({"t": "finish", "exit": int(exitstatus), "collected": self._collected})
+        self._send({"t": "finish", "exit": int(exitstatus), "collected": self._collected})
 
     def _watch(self) -> None:
         """Snapshot the runner's modules pytest imported since the last look (cheap when none were)."""

@@ -44,7 +44,7 @@ CRITICAL_CLASSES = {
     "pluggy._hooks": ("HookCaller", "_HookCaller", "HookImpl", "HookimplMarker"),
     "pluggy._result": ("Result", "_Result"),
     "pluggy._manager": ("PluginManager",),
-    "__main__": ("Reporter", "_Channel"),
+    "__main__": ("Reporter",),
     "skyrl_tripwire": ("Tripwire", "_GuardedModule"),
 }
 CRITICAL_MODULES = (*CRITICAL_CLASSES, "_pytest.skipping", "_pytest.outcomes", "pluggy._callers", "pytest")
