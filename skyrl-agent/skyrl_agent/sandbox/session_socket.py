@@ -31,6 +31,7 @@ FORWARD_PORT = 17400  # the forwarder's port on the sandbox's loopback (fixed: t
 SOCKET_NAME = "model.sock"
 FORWARDER_NAME = "forward.py"
 CHUNK = 65536  # bytes per read
+MAX_CONNECTIONS = 64  # connections one sandbox may hold open through its socket; more are closed at once
 
 
 def forwarder_command(port: int = FORWARD_PORT) -> str:
@@ -91,6 +92,10 @@ class SessionSocket:
         task, target = asyncio.current_task(), self._target
         assert task is not None
         assert target is not None  # a connection comes only once serving
+        if len(self._connections) >= MAX_CONNECTIONS:  # the sandbox's doing: it may not hold the host's sockets
+            self.last_error = f"the sandbox held {MAX_CONNECTIONS} connections already; one more was refused"
+            writer.close()
+            return
         self._connections.add(task)
         try:
             try:

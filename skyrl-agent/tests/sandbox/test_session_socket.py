@@ -138,3 +138,31 @@ def test_closing_ends_connections_in_flight_and_removes_the_directory() -> None:
             await model_socket.close()  # idempotent
 
     asyncio.run(main())
+
+
+def test_a_sandbox_cannot_hold_more_than_its_share_of_connections() -> None:
+    from skyrl_agent.sandbox.session_socket import MAX_CONNECTIONS
+
+    release = asyncio.Event()
+
+    async def holding(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()  # holds every connection it gets open
+        writer.close()
+
+    async def main() -> tuple[int, int]:
+        async with _relayed(holding) as (model_socket, _port):
+            opened = [await asyncio.open_unix_connection(model_socket.path) for _ in range(MAX_CONNECTIONS + 5)]
+            await asyncio.sleep(0.5)
+            refused = 0
+            for reader, _writer in opened:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    if await asyncio.wait_for(reader.read(), 0.05) == b"":  # closed by the relay at once
+                        refused += 1
+            held = len(model_socket._connections)
+            release.set()
+            for _reader, writer in opened:
+                writer.close()
+            return held, refused
+
+    held, refused = asyncio.run(main())
+    assert (held, refused) == (MAX_CONNECTIONS, 5)
