@@ -1,7 +1,8 @@
 """Batches: one program run against several standard inputs, each in a fresh process forked from one sandboxed run.
 
 :class:`Batch` turns ``CodeExecutor.run_many``'s arguments into one sandboxed job (marshal data read by
-``_bootstrap._run_batch``, and the job's limits) and the job's output back into one result per input.
+``_run_batch`` in ``bootstrap/batch_parent.py``, and the job's limits) and the job's output back into one result
+per input.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Batch:
         return cls(code, data, limits, setup, stop_on_failure, max_total_output_bytes)
 
     def job(self, *, private_uid: bool) -> tuple[bytes, SandboxLimits]:
-        """The job body (see ``_bootstrap._run_batch``) and the limits of the one sandboxed run that serves it.
+        """The job body (see ``bootstrap/batch_parent.py``) and the limits of the one sandboxed run that serves it.
 
         Args:
             private_uid: The run has a uid of its own, so RLIMIT_NPROC is set; it then counts the batch's own
@@ -108,7 +109,7 @@ class Batch:
 
 
 def _records(output: bytes, isolation: str, limit: int) -> list[ExecutionResult]:
-    """Parse the complete records in ``output`` (see ``_bootstrap._run_batch``), at most ``limit``."""
+    """Parse the complete records in ``output`` (see ``bootstrap/batch_parent.py``), at most ``limit``."""
     results: list[ExecutionResult] = []
     position = 0
     while len(results) < limit:

@@ -46,7 +46,8 @@ class Exchange:
     ) -> None:
         self.run = run
         self.limits = limits
-        # The job: its kind, the rlimits, then the snippet's source (or, for a batch, marshal data; see _bootstrap).
+        # The job: its kind, the rlimits, then the snippet's source (or, for a batch, marshal data); see
+        # bootstrap/serve.py.
         kind = b"batch\n" if batch else b"run\n"
         header = limits.rlimit_header(max_processes=run.uid >= 0)
         body = code.encode("utf-8", "surrogatepass") if isinstance(code, str) else code

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Final
 
 from skyrl_gym.sandbox.batch import Batch
-from skyrl_gym.sandbox.errors import SandboxStartError, SandboxUnavailableError
-from skyrl_gym.sandbox.exchange import Exchange, adrive, drive
+from skyrl_gym.sandbox.errors import SandboxUnavailableError
+from skyrl_gym.sandbox.exchange import Exchange
 from skyrl_gym.sandbox.forkserver import fork_server_supported
 from skyrl_gym.sandbox.interpreter import SYSTEM_PYTHON, Interpreter, default_python, inspect_interpreter
 from skyrl_gym.sandbox.isolation import IsolationMode, check_mode, isolation_mode, mode_requested, running_as_root
+from skyrl_gym.sandbox.jobs import arun_job, run_job
 from skyrl_gym.sandbox.limits import SandboxLimits
 from skyrl_gym.sandbox.pool import WorkerPool
 from skyrl_gym.sandbox.result import ExecutionResult
-from skyrl_gym.sandbox.worker import Run, WorkerConfig
+from skyrl_gym.sandbox.worker import WorkerConfig
 
 __all__ = ["DEFAULT_PRELOAD", "CodeExecutor", "get_default_executor"]
 
@@ -269,86 +269,13 @@ class CodeExecutor:
     def _execute(
         self, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, *, batch: bool = False
     ) -> Exchange:
-        """Run one job to its end on a pooled process (or a fresh one, if none waits or the pooled one was dead)."""
-        run = self._pool.take_pooled(wait_s=_WAIT_FOR_IDLE_S)
-        if run is not None:
-            try:
-                return self._exchange_on(run, code, stdin, limits, batch)
-            except SandboxStartError:
-                # A pooled interpreter died while it waited (e.g. killed from outside): one fresh attempt.
-                logger.warning("a pooled sandbox interpreter was dead; starting a fresh one", exc_info=True)
-        return self._exchange_on(self._pool.start_worker(), code, stdin, limits, batch)
+        """Run one job to its end on a pooled or fresh process (see :func:`~skyrl_gym.sandbox.jobs.run_job`)."""
+        return run_job(self._pool, code, stdin, limits, batch=batch, wait_s=_WAIT_FOR_IDLE_S)
 
     async def _aexecute(
         self, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, *, batch: bool = False
     ) -> Exchange:
-        run = self._pool.take_pooled()
-        if run is None:
-            run = await self._take_when_idle()
-        if run is not None:
-            try:
-                return await self._aexchange_on(run, code, stdin, limits, batch)
-            except SandboxStartError:
-                logger.warning("a pooled sandbox interpreter was dead; starting a fresh one", exc_info=True)
-        started = await self._in_thread(self._pool.start_worker)
-        assert started is not None
-        return await self._aexchange_on(started, code, stdin, limits, batch)
-
-    def _exchange_on(
-        self, run: Run, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, batch: bool
-    ) -> Exchange:
-        exchange = Exchange(run, code, stdin, limits, batch=batch)
-        try:
-            drive(exchange)
-        finally:
-            self._pool.retire(run)
-        exchange.result()  # raises SandboxStartError if the process never took the job
-        return exchange
-
-    async def _aexchange_on(
-        self, run: Run, code: str | bytes, stdin: str | bytes, limits: SandboxLimits, batch: bool
-    ) -> Exchange:
-        exchange = Exchange(run, code, stdin, limits, batch=batch)
-        try:
-            await adrive(exchange)
-        finally:
-            self._pool.retire(run)
-        exchange.result()
-        return exchange
-
-    async def _take_when_idle(self) -> Run | None:
-        """A run on a pooled fork server that becomes idle within the wait, or None; awaits on the event loop."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _WAIT_FOR_IDLE_S
-        while (remaining := deadline - loop.time()) > 0 and self._pool.busy_or_starting():
-            woken = self._pool.when_idle(loop)
-            try:
-                await asyncio.wait({woken}, timeout=remaining)
-                run = self._pool.take_pooled()
-            finally:
-                # Forget this waiter, or hand its wake-up on if it used none (timed out, cancelled, or another
-                # caller took the process first).
-                self._pool.stop_waiting(woken)
-            if run is not None:
-                return run
-        return None
-
-    async def _in_thread(self, take: Callable[[], Run | None]) -> Run | None:
-        # Waiting for a pooled process or starting one blocks: do it on a thread. If the caller is cancelled
-        # meanwhile, the thread still gets its run; discard it instead of leaking the process.
-        future = asyncio.get_running_loop().run_in_executor(None, take)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(self._discard_started_run)
-            raise
-
-    def _discard_started_run(self, future: asyncio.Future[Run | None]) -> None:
-        run = future.result() if not future.cancelled() and future.exception() is None else None
-        if run is not None:
-            run.stop(kill=True)
-            run.reap()
-            self._pool.retire(run)
+        return await arun_job(self._pool, code, stdin, limits, batch=batch, wait_s=_WAIT_FOR_IDLE_S)
 
 
 def _check_code(code: object) -> None:

@@ -4,7 +4,7 @@ A :class:`ForkServer` is started like a one-run interpreter (bwrap, unshare or p
 ``gc.freeze()``), but it never runs a snippet itself. For each job it receives four descriptors (job pipe, stdin,
 stdout, stderr), a private uid and (outside bwrap) a private working directory over a control socket, and forks;
 the child becomes a session leader on those streams, in that directory, as that uid, and runs the snippet
-exactly as a one-run interpreter would (``_bootstrap._serve``). The server waits for the child, then restores its
+exactly as a one-run interpreter would (``bootstrap/serve.py``). The server waits for the child, then restores its
 sandbox before it takes the next job: it kills every process the job left (everything in its PID namespace but
 init and itself under bwrap, every process of the job's uid elsewhere), empties ``/tmp`` and ``/dev/shm`` (bwrap;
 outside bwrap the library removes the job's directory and what its uid left in the world-writable directories),

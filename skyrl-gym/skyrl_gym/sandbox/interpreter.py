@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from skyrl_gym.sandbox.bootstrap import bootstrap_text
 from skyrl_gym.sandbox.errors import SandboxUnavailableError
 
 __all__ = [
@@ -36,7 +37,8 @@ class Interpreter:
             environment's site-packages, as ``python -c`` started from it would.
         roots: Directories it reads at run time (``sys.prefix``, ``sys.base_prefix``, the exec prefixes and the
             directory of the resolved executable); bwrap makes them visible read-only.
-        recursion_depth: How deep the bootstrap's recursion probe gets under ``path -c`` (see ``_bootstrap``).
+        recursion_depth: How deep the bootstrap's recursion probe gets under ``path -c`` (see
+            :mod:`skyrl_gym.sandbox.bootstrap`).
     """
 
     path: str
@@ -128,12 +130,6 @@ def _recursion_probe() -> str:
     text = bootstrap_text()
     start = text.index('RECURSION_PROBE = """') + len('RECURSION_PROBE = """')
     return text[start : text.index('"""', start)]
-
-
-@functools.cache
-def bootstrap_text() -> str:
-    """The source of ``_bootstrap.py``, which every sandboxed interpreter runs with ``-c``."""
-    return Path(__file__).with_name("_bootstrap.py").read_text(encoding="utf-8")
 
 
 def _world_accessible(path: Path) -> bool:

@@ -47,7 +47,7 @@ class SandboxLimits:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def rlimit_header(self, *, max_processes: bool) -> bytes:
-        """The job header line the interpreter reads (see ``_bootstrap``): bytes, seconds, count, bytes.
+        """The job header line the interpreter reads (see ``bootstrap/serve.py``): bytes, seconds, count, bytes.
 
         Args:
             max_processes: Whether to send RLIMIT_NPROC. Only a private uid makes it a per-run limit; for a

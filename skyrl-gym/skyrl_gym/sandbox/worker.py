@@ -5,8 +5,8 @@ drives (job, stdin, stdout, stderr) plus lifecycle descriptors that report *read
 *started*, *exited* (with a status) and *lost* (the process died without reporting). Two kinds exist:
 
 - :class:`Worker`: an interpreter started, isolation and all, before there is a job for it. Its bootstrap
-  (``_bootstrap.py``) drops to the run's uid, imports the configured modules, writes ``R`` on a status pipe and
-  blocks reading a job pipe. It serves exactly one job and exits.
+  (:mod:`skyrl_gym.sandbox.bootstrap`) drops to the run's uid, imports the configured modules, writes ``R`` on a
+  status pipe and blocks reading a job pipe. It serves exactly one job and exits.
 - :class:`~skyrl_gym.sandbox.forkserver.ForkedJob`: a job on a long-lived fork server that forks a fresh child
   for it (see :mod:`skyrl_gym.sandbox.forkserver`).
 """
@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from skyrl_gym.sandbox.bootstrap import bootstrap_text
 from skyrl_gym.sandbox.errors import SandboxStartError
-from skyrl_gym.sandbox.interpreter import Interpreter, bootstrap_text, sandbox_env
+from skyrl_gym.sandbox.interpreter import Interpreter, sandbox_env
 from skyrl_gym.sandbox.isolation import (
     WORLD_WRITABLE_DIRS,
     IsolationMode,
@@ -108,7 +109,7 @@ def bootstrap_source(
     """The ``-c`` text of one sandboxed interpreter: the bootstrap plus the call that starts it."""
     args = (uid, uid, config.preload, job_fd, status_fd, config.interpreter.recursion_depth, server)
     hardening = (config.no_new_privs, config.private_ipc)
-    call = f"_serve(_pristine, {', '.join(map(repr, args + hardening))})\n"
+    call = f"_run_job(_serve(_pristine, {', '.join(map(repr, args + hardening))}))\n"
     return bootstrap_text() + "\n" + call
 
 

@@ -27,7 +27,7 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 __all__ = ["CORPUS_FILENAME", "QUESTIONS_FILENAME", "SEED", "Question", "World", "generate", "main", "write"]
 
@@ -508,89 +508,113 @@ def _single_hop_questions(world: World) -> dict[str, list[Question]]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class _Template(Generic[_T]):
+    """One kind of question: the entities it asks about, and its question about one of them.
+
+    ``ask`` returns None for an entity that lacks a fact the question needs (a city without a river).
+    """
+
+    entities: Callable[[World], Sequence[_T]]
+    ask: Callable[[_T], Question | None]
+
+    def questions(self, world: World) -> list[Question]:
+        """The questions about the world's entities of this kind, in the world's order."""
+        return [question for entity in self.entities(world) if (question := self.ask(entity)) is not None]
+
+
+# Two articles answer each question: the first names the entity the second is about.
+_MULTI_HOP: Final[dict[str, _Template[Any]]] = {
+    "inventor_country": _Template[Invention](
+        lambda w: w.inventions,
+        lambda i: Question(
+            f"In which country was the inventor of the {i.name} born?",
+            (i.inventor.birth_city.country.name,),
+            (i.name, i.inventor.name),
+        ),
+    ),
+    "birth_country_capital": _Template[Person](
+        lambda w: w.people,
+        lambda p: Question(
+            f"What is the capital of the country where {p.name} was born?",
+            (p.birth_city.country.capital.name,),
+            (p.name, p.birth_city.country.name),
+        ),
+    ),
+    "invention_river": _Template[Invention](
+        lambda w: w.inventions,
+        lambda i: Question(
+            f"Which river flows through the city where the {i.name} was invented?",
+            (i.city.river.name, i.city.river.name.removesuffix(" River")),
+            (i.name, i.city.name),
+        )
+        if i.city.river
+        else None,
+    ),
+    "school_founder": _Template[Person](
+        lambda w: w.people,
+        lambda p: Question(
+            f"Who founded the university where {p.name} studied?",
+            (p.school.founder.name,),
+            (p.name, p.school.name),
+        )
+        if p.school and p.school.founder
+        else None,
+    ),
+    "advisor_born": _Template[Person](
+        lambda w: w.people,
+        lambda p: Question(
+            f"In what year was the doctoral advisor of {p.name} born?",
+            (str(p.advisor.born),),
+            (p.name, p.advisor.name),
+        )
+        if p.advisor
+        else None,
+    ),
+    "city_sea": _Template[City](
+        lambda w: w.cities,
+        lambda c: Question(
+            f"Into which sea does the river that flows through {c.name} empty?",
+            (c.river.sea, c.river.sea.removesuffix(" Sea")),
+            (c.name, c.river.name),
+        )
+        if c.river
+        else None,
+    ),
+    "capital_language": _Template[Country](
+        lambda w: w.countries,
+        lambda c: Question(
+            f"What is the official language of the country whose capital is {c.capital.name}?",
+            (c.language,),
+            (c.capital.name, c.name),
+        ),
+    ),
+    "highest_ascent": _Template[Country](
+        lambda w: w.countries,
+        lambda c: Question(
+            f"Who made the first recorded ascent of the highest mountain in {c.name}?",
+            (c.mountain.climber.name,),
+            (c.name, c.mountain.name),
+        )
+        if c.mountain and c.mountain.climber
+        else None,
+    ),
+    "founder_birthplace": _Template[University](
+        lambda w: w.universities,
+        lambda u: Question(
+            f"In which city was the founder of {u.name} born?",
+            (u.founder.birth_city.name,),
+            (u.name, u.founder.name),
+        )
+        if u.founder
+        else None,
+    ),
+}
+
+
 def _multi_hop_questions(world: World) -> dict[str, list[Question]]:
-    """Two articles answer each question: the first names the entity the second is about."""
-    q = Question
-    return {
-        "inventor_country": [
-            q(
-                f"In which country was the inventor of the {i.name} born?",
-                (i.inventor.birth_city.country.name,),
-                (i.name, i.inventor.name),
-            )
-            for i in world.inventions
-        ],
-        "birth_country_capital": [
-            q(
-                f"What is the capital of the country where {p.name} was born?",
-                (p.birth_city.country.capital.name,),
-                (p.name, p.birth_city.country.name),
-            )
-            for p in world.people
-        ],
-        "invention_river": [
-            q(
-                f"Which river flows through the city where the {i.name} was invented?",
-                (i.city.river.name, i.city.river.name.removesuffix(" River")),
-                (i.name, i.city.name),
-            )
-            for i in world.inventions
-            if i.city.river
-        ],
-        "school_founder": [
-            q(
-                f"Who founded the university where {p.name} studied?",
-                (p.school.founder.name,),
-                (p.name, p.school.name),
-            )
-            for p in world.people
-            if p.school and p.school.founder
-        ],
-        "advisor_born": [
-            q(
-                f"In what year was the doctoral advisor of {p.name} born?",
-                (str(p.advisor.born),),
-                (p.name, p.advisor.name),
-            )
-            for p in world.people
-            if p.advisor
-        ],
-        "city_sea": [
-            q(
-                f"Into which sea does the river that flows through {c.name} empty?",
-                (c.river.sea, c.river.sea.removesuffix(" Sea")),
-                (c.name, c.river.name),
-            )
-            for c in world.cities
-            if c.river
-        ],
-        "capital_language": [
-            q(
-                f"What is the official language of the country whose capital is {c.capital.name}?",
-                (c.language,),
-                (c.capital.name, c.name),
-            )
-            for c in world.countries
-        ],
-        "highest_ascent": [
-            q(
-                f"Who made the first recorded ascent of the highest mountain in {c.name}?",
-                (c.mountain.climber.name,),
-                (c.name, c.mountain.name),
-            )
-            for c in world.countries
-            if c.mountain and c.mountain.climber
-        ],
-        "founder_birthplace": [
-            q(
-                f"In which city was the founder of {u.name} born?",
-                (u.founder.birth_city.name,),
-                (u.name, u.founder.name),
-            )
-            for u in world.universities
-            if u.founder
-        ],
-    }
+    """Two articles answer each question: the first names the entity the second is about (see ``_MULTI_HOP``)."""
+    return {name: template.questions(world) for name, template in _MULTI_HOP.items()}
 
 
 def _pick_questions(rng: random.Random, world: World) -> list[Question]:
