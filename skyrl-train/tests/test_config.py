@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_train import config as config_module
 from skyrl_train.config import (
     Config,
     ConfigError,
@@ -23,6 +22,7 @@ from skyrl_train.config import (
     validate,
     worker_group_size,
 )
+from skyrl_train.config import validation as validation_module
 
 
 @pytest.fixture
@@ -337,7 +337,7 @@ def test_engine_replicas_are_actors_of_a_local_or_vllm_engine(valid: Config) -> 
 def test_tensor_parallelism_is_for_vllm_engines_holding_as_many_gpus(
     valid: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config_module, "_module_available", lambda name: True)  # vLLM, installed or not
+    monkeypatch.setattr(validation_module, "_module_available", lambda name: True)  # vLLM, installed or not
     vllm = _replace(valid, "inference", engine="vllm", tensor_parallel_size=2)
     validate(_replace(vllm, "inference", num_gpus_per_engine=2.0))  # in this process
     validate(_replace(vllm, "inference", num_gpus_per_engine=2.0, num_engines=2))  # engine actors
@@ -453,12 +453,12 @@ def test_lora_target_modules_must_name_modules(valid: Config) -> None:
 
 
 def test_optional_packages_checked_up_front(valid: Config, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config_module, "_module_available", lambda name: False)
+    monkeypatch.setattr(validation_module, "_module_available", lambda name: False)
     message = _errors(_replace(valid, "trainer", logger=["console", "tensorboard", "wandb"]))
     assert "trainer.logger 'tensorboard' needs the tensorboard package: pip install tensorboard" in message
     assert "trainer.logger 'wandb' needs the wandb package" in message
     assert "inference.engine 'vllm' needs vLLM" in _errors(_replace(valid, "inference", engine="vllm"))
-    monkeypatch.setattr(config_module, "_module_available", lambda name: True)
+    monkeypatch.setattr(validation_module, "_module_available", lambda name: True)
     validate(_replace(valid, "trainer", logger=["tensorboard"]))
 
 
