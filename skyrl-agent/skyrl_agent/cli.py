@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from skyrl_agent.sandbox import image
 from skyrl_agent.sandbox.base import SandboxError
@@ -118,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``skyrl-agent``."""
     parser = argparse.ArgumentParser(prog="skyrl-agent", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_image_commands(commands)
+    reap = commands.add_parser("reap", help="remove leaked sandbox containers and snapshot images")
+    reap.add_argument("--run", default=None, help="only this run id (default: every run)")
+    reap.add_argument("--all", action="store_true", help="also remove those of runs that are still alive")
+    reap.set_defaults(func=_reap)
+    _add_tasks_commands(commands)
+    _add_run_command(commands)
+    return parser
+
+
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # what add_subparsers returns
+
+
+def _add_image_commands(commands: _Commands) -> None:
+    """``image build`` and ``image status``."""
     image_parser = commands.add_parser("image", help="build and inspect sandbox images")
     image_commands = image_parser.add_subparsers(dest="image_command", required=True)
     build = image_commands.add_parser("build", help="build the base image (skipped when up to date)")
@@ -127,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = image_commands.add_parser("status", help="say whether the base image exists and is current")
     status.add_argument("--tag", default=image.BASE_IMAGE, help="image tag (default: %(default)s)")
     status.set_defaults(func=_image_status)
-    reap = commands.add_parser("reap", help="remove leaked sandbox containers and snapshot images")
-    reap.add_argument("--run", default=None, help="only this run id (default: every run)")
-    reap.add_argument("--all", action="store_true", help="also remove those of runs that are still alive")
-    reap.set_defaults(func=_reap)
+
+
+def _add_tasks_commands(commands: _Commands) -> None:
+    """``tasks validate``, ``tasks build-real`` and ``tasks export-dataset``."""
     tasks_parser = commands.add_parser("tasks", help="check SWE-style task files")
     tasks_commands = tasks_parser.add_subparsers(dest="tasks_command", required=True)
     validate = tasks_commands.add_parser("validate", help="check that base fails and gold passes for every task")
@@ -157,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-turns", type=int, default=30, help="the turn limit the prompts mention (default: %(default)s)"
     )
     export.set_defaults(func=_tasks_export_dataset)
+
+
+def _add_run_command(commands: _Commands) -> None:
+    """``run``: episodes on tasks, graded, their trajectories saved."""
     run = commands.add_parser("run", help="run agent episodes on tasks, grade them and save the trajectories")
     run.add_argument("--tasks", help="a .jsonl/.json task file (default: the shipped suite)")
     run.add_argument(
@@ -176,7 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(--model scripted:oracle records through the gateway; an http(s) URL is served as is)",
     )
     run.set_defaults(func=_run)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,10 +5,11 @@ for other episodes; sandbox creations can also be rate-limited (asyncio-throttle
 input queue, and at most ``prefetch`` started sandboxes wait for a free agent slot.
 
 Ownership: the dispatcher owns every sandbox that ``acquire`` returns until it hands it to ``release``, which
-it does exactly once per sandbox on every exit path (success, error, timeout, cancellation). ``run_agent`` and
-``grade`` borrow the sandbox and must not close it. An ``acquire`` call that outlives its start deadline keeps
-running (a create cannot be taken back half-way) and keeps its acquire slot until it really ends; a sandbox it
-still returns is released, and :meth:`Dispatcher.run` returns only after that.
+it does exactly once per sandbox on every exit path (success, error, timeout, cancellation), through
+:class:`~skyrl_agent.dispatch.releases.Releases`. ``run_agent`` and ``grade`` borrow the sandbox and must not close
+it. An ``acquire`` call that outlives its start deadline keeps running (a create cannot be taken back half-way) and
+keeps its acquire slot until it really ends; a sandbox it still returns is released, and :meth:`Dispatcher.run`
+returns only after that.
 
 Time: the episode deadline starts when the episode gets its run (agent) slot. Waiting for a slot (the input
 queue, the held, acquire, run and grade slots) is queue time, charged to no deadline and reported apart: as
@@ -45,6 +46,7 @@ from skyrl_agent.dispatch.outcomes import (
     outcome_metrics,
     ungraded_outcome,
 )
+from skyrl_agent.dispatch.releases import ReleaseFn, Releases
 from skyrl_agent.dispatch.retry import Backoff, CircuitBreaker, CircuitOpenError, retry_infra
 from skyrl_agent.dispatch.trace import Trace
 from skyrl_agent.llm.base import LLMClient
@@ -97,7 +99,6 @@ class TrajectoryLike(Protocol):
 
 
 AcquireFn = Callable[[Episode], Awaitable[Sandbox]]
-ReleaseFn = Callable[[Sandbox], Awaitable[None]]
 RunAgentFn = Callable[[Episode, Sandbox, LLMClient, RunContext], Awaitable[TrajectoryLike]]
 GradeFn = Callable[[Episode, Sandbox, TrajectoryLike], Awaitable[GradeResult | float]]
 LLMFactory = Callable[[Episode], LLMClient]
@@ -229,7 +230,7 @@ class Dispatcher:
         *,
         clock: PausableClock | None = None,
     ) -> None:
-        self._acquire_fn, self._run_fn, self._grade_fn, self._release_fn = acquire, run_agent, grade, release
+        self._acquire_fn, self._run_fn, self._grade_fn = acquire, run_agent, grade
         self._llm = llm
         self.config = config or DispatcherConfig()
         self.clock = clock or PausableClock()
@@ -237,11 +238,15 @@ class Dispatcher:
         self.breaker = CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self._rng = random.Random(cfg.seed)
         self.gauges = {name: _Gauge(name) for name in ("acquire", "run", "grade", "held")}
-        self.release_errors = 0
+        self._releases = Releases(release)
         self._stopping = False
         self._inflight: set[asyncio.Task[EpisodeResult]] = set()
-        self._releasing: set[asyncio.Task[None]] = set()
         self._needed: dict[int, tuple[ExpiringSandbox, Deadline]] = {}  # expiring sandboxes held, and for how long
+
+    @property
+    def release_errors(self) -> int:
+        """``release`` calls that raised, over every :meth:`run` (logged; the reaper finds what they left)."""
+        return self._releases.errors
 
     # -- control -------------------------------------------------------------------------------------------
 
@@ -305,8 +310,7 @@ class Dispatcher:
                 for task in [producer, *workers]:
                     task.cancel()
                 await asyncio.gather(producer, *workers, return_exceptions=True)
-                while self._releasing:  # late starts may still add releases
-                    await asyncio.gather(*self._releasing, return_exceptions=True)
+                await self._releases.drain()  # also the releases of starts that outlived their deadline
         ordered = [results[i] for i in range(n)]
         self._apply_policy(ordered)
         return DispatchResult(ordered, self._metrics(ordered))
@@ -398,7 +402,7 @@ class Dispatcher:
         finally:
             if sandbox is not None:
                 self._needed.pop(id(sandbox), None)
-                await self._release(sandbox, trace)
+                await self._releases.release(sandbox, trace)
 
     async def _acquire(
         self, episode: Episode, trace: Trace, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
@@ -452,41 +456,11 @@ class Dispatcher:
             try:
                 return await within(asyncio.shield(create), start)
             except BaseException as exc:
-                self._release_late(create)
+                self._releases.release_late(create)
                 if isinstance(exc, TimeoutError):
                     # A start that hangs is an infrastructure failure: retry it on a fresh sandbox.
                     raise SandboxStartError(f"sandbox start for {episode.id} timed out: {exc}") from exc
                 raise
-
-    def _release_late(self, create: asyncio.Future[Sandbox]) -> None:
-        """Release the sandbox ``create`` produces (if any) once it ends; nobody else will own it."""
-        if create.done() and (create.cancelled() or create.exception() is not None):
-            return  # it failed: nothing to release
-
-        async def release_when_done() -> None:
-            await asyncio.wait({create})
-            if not create.cancelled() and create.exception() is None:
-                await self._release_quietly(create.result())
-
-        self._track_release(release_when_done())
-
-    def _track_release(self, release: Awaitable[None]) -> asyncio.Future[None]:
-        task = asyncio.ensure_future(release)
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
-        return task
-
-    async def _release(self, sandbox: Sandbox, trace: Trace) -> None:
-        with trace.span("release", sandbox=sandbox.id):
-            # Shielded: a second cancellation must not abandon the release half-way.
-            await asyncio.shield(self._track_release(self._release_quietly(sandbox)))
-
-    async def _release_quietly(self, sandbox: Sandbox) -> None:
-        try:
-            await self._release_fn(sandbox)
-        except Exception:
-            self.release_errors += 1
-            logger.exception("releasing sandbox %s failed; the reaper will find it by label", sandbox.id)
 
     def _promise(self, sandbox: Sandbox, budget_s: float | None) -> Deadline:
         """Tell an expiring ``sandbox`` it is needed ``budget_s`` active seconds more (renewed on resume)."""

@@ -9,7 +9,9 @@
 engine: the ReAct agent runs each episode in a sandbox of ``backend`` (Docker by default), through the
 dispatcher, and the hidden tests grade it. Its sandboxes carry the label ``skyrl.run=<run_id>``: the Docker
 backend's reaper removes them at exit and on SIGTERM/SIGINT, and :meth:`SWETrainGenerator.close` (which the run
-calls at its end) removes whatever is still open.
+calls at its end) removes whatever is still open. Its keywords, ``generator.factory_kwargs``, are the fields of
+:class:`~skyrl_agent.integrations.swe_config.SWEGeneratorConfig`; :func:`agent_config` and :func:`dispatcher_config`
+turn them, over the run's generator settings, into the generator's and the dispatcher's configs.
 
 :func:`dataset_rows` turns tasks into rows of skyrl-train's prompt datasets: ``env_class`` ``swe``, the task's
 ``task_id`` (and ``tasks_path`` when the tasks are not the shipped suite) as env extras, and the episode's opening
@@ -25,7 +27,7 @@ import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from skyrl_agent.agents.swe_env import instructions
 from skyrl_agent.dispatch import DispatcherConfig, StageLimits, Timeouts
@@ -33,26 +35,31 @@ from skyrl_agent.dispatch.outcomes import FailurePolicy
 from skyrl_agent.harness.base import Harness
 from skyrl_agent.integrations.harness import HarnessGenerator
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorConfig
+from skyrl_agent.integrations.swe_config import BackendName, SWEGeneratorConfig
 from skyrl_agent.sandbox.base import SandboxBackend
 from skyrl_agent.tasks.format import SWETask
 
 if TYPE_CHECKING:
     from skyrl_train.generators.factory import GeneratorContext
+    from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
 
 __all__ = [
     "ENV_CLASS",
     "RUN_LABEL",
+    "BackendName",
+    "SWEGeneratorConfig",
     "SWEHarnessTrainGenerator",
     "SWETrainGenerator",
+    "agent_config",
+    "build_swe_generator",
     "dataset_rows",
+    "dispatcher_config",
     "export_dataset",
     "swe_generator",
 ]
 
 ENV_CLASS = "swe"  # the env class of every row (AgentGenerator runs only these)
 RUN_LABEL = "skyrl.run"  # the sandbox label naming the run (docker ps -a --filter label=skyrl.run=<run_id>)
-BackendName = Literal["docker", "local", "process"]
-_DEFAULT_TIMEOUTS = Timeouts()
 
 
 class SWETrainGenerator(AgentGenerator):
@@ -86,108 +93,82 @@ class SWEHarnessTrainGenerator(HarnessGenerator):
             await self.backend.close()
 
 
-def swe_generator(
-    context: GeneratorContext,
-    *,
-    backend: BackendName = "docker",
-    tasks_path: str | None = None,
-    run_id: str | None = None,
-    max_turns: int | None = None,
-    max_input_length: int | None = None,
-    max_concurrent_episodes: int | None = None,
-    max_concurrent_starts: int = 8,
-    max_concurrent_grades: int = 8,
-    episode_timeout_s: float | None = None,
-    llm_call_timeout_s: float | None = _DEFAULT_TIMEOUTS.llm_call_s,
-    tool_call_timeout_s: float | None = _DEFAULT_TIMEOUTS.tool_call_s,
-    sandbox_start_timeout_s: float | None = _DEFAULT_TIMEOUTS.sandbox_start_s,
-    grade_timeout_s: float | None = _DEFAULT_TIMEOUTS.grade_s,
-    command_timeout_s: float = 60.0,
-    max_episode_attempts: int = 2,
-    reaper: bool = True,
-    harness: str | None = None,
-) -> AgentGenerator:
-    """The run's generator: SWE episodes of the ReAct agent in ``backend`` sandboxes (``generator.factory``).
+def swe_generator(context: GeneratorContext, **kwargs: Any) -> AgentGenerator:
+    """The run's generator: SWE episodes of the ReAct agent in sandboxes (``generator.factory``).
 
-    Every argument after ``context`` is a key of ``generator.factory_kwargs``. Times are seconds of the episode's
-    own time: weight syncs (the run pauses this generator around them) and waits for a slot do not count.
+    Every keyword is a key of ``generator.factory_kwargs``: a field of :class:`SWEGeneratorConfig`, whose comments
+    say what each sets. The run's config validation builds that dataclass from the same mapping first (this
+    function's ``settings_type``), so a bad key fails before any model loads.
 
     Args:
         context: The run's engine, tokenizer and generator settings (skyrl-train passes it).
-        backend: ``docker`` (isolated containers of the task's image), ``local`` (bubblewrap over the image's
-            filesystem) or ``process`` (host subprocesses: NOT isolated, trusted tasks only).
-        tasks_path: The task file of rows that give a ``task_id`` but no ``tasks_path``; default the shipped suite.
-        run_id: The ``skyrl.run`` label of the run's sandboxes; default ``<run_name>-<host>-<pid>-<random>``.
-        max_turns: LLM calls per episode at most; default ``generator.max_turns``.
-        max_input_length: Tokens of one LLM call's prompt at most (the agent's context budget); default
-            ``generator.max_input_length``.
-        max_concurrent_episodes: Agent runs at once; default ``generator.max_concurrent_trajectories``, else 32.
-        max_concurrent_starts: Sandbox starts at once.
-        max_concurrent_grades: Gradings at once.
-        episode_timeout_s: The deadline of one attempt's agent run; default ``generator.timeout_s`` (None: no
-            deadline, as for the built-in generator).
-        llm_call_timeout_s: The deadline of one LLM call (None: none).
-        tool_call_timeout_s: The host's deadline of one tool call, over the sandbox's ``command_timeout_s``.
-        sandbox_start_timeout_s: The deadline of one sandbox start.
-        grade_timeout_s: The deadline of grading one episode.
-        command_timeout_s: What one shell command of the agent may take inside the sandbox.
-        max_episode_attempts: Runs of an episode whose sandbox failed, the first included.
-        reaper: With ``docker``, remove dead runs' sandboxes now and this run's at exit and on SIGTERM/SIGINT.
-        harness: Instead of the ReAct agent, this unmodified agent program (``mini-swe-agent``) plays each
-            episode, its model calls going through a gateway over the run's engine that records the tokens
-            (:class:`~skyrl_agent.integrations.harness.HarnessGenerator`).
+        **kwargs: The fields of :class:`SWEGeneratorConfig` to set.
 
     Raises:
-        ValueError: A limit is not positive, ``backend`` is unknown or not available here, or ``harness`` is
-            unknown or not installed.
+        ValueError: A key is unknown, a value has the wrong type or a limit is not positive (a
+            ``skyrl_train.generators.factory.FactoryError`` naming every such key), ``backend`` is not available
+            here, or ``harness`` is unknown or not installed.
+    """
+    from skyrl_train.generators.factory import build_settings
+
+    return build_swe_generator(context, build_settings(SWEGeneratorConfig, kwargs))
+
+
+# What skyrl_train.generators.factory.check_factory builds from generator.factory_kwargs at config validation.
+swe_generator.settings_type = SWEGeneratorConfig  # type: ignore[attr-defined]  # a function attribute
+
+
+def build_swe_generator(context: GeneratorContext, settings: SWEGeneratorConfig) -> AgentGenerator:
+    """:func:`swe_generator` with its settings already built: the generator of ``settings.harness`` or the ReAct one.
+
+    Raises:
+        ValueError: ``settings.backend`` is not available here, or ``settings.harness`` is unknown or not installed.
     """
     from skyrl_train.generators.chat import ChatEncoder
 
-    settings = context.config
-    for name, value in (
-        ("max_turns", max_turns),
-        ("max_input_length", max_input_length),
-        ("max_concurrent_episodes", max_concurrent_episodes),
-        ("max_concurrent_starts", max_concurrent_starts),
-        ("max_concurrent_grades", max_concurrent_grades),
-        ("max_episode_attempts", max_episode_attempts),
-    ):
-        if value is not None and value < 1:
-            raise ValueError(f"generator.factory_kwargs.{name} must be at least 1, got {value}")
-    run_id = run_id or _default_run_id(context.run_name)
-    timeouts = Timeouts(
-        episode_s=episode_timeout_s if episode_timeout_s is not None else settings.timeout_s,
-        llm_call_s=llm_call_timeout_s,
-        tool_call_s=tool_call_timeout_s,
-        sandbox_start_s=sandbox_start_timeout_s,
-        grade_s=grade_timeout_s,
-    )
-    runs = max_concurrent_episodes or settings.max_concurrent_trajectories or StageLimits().run
-    dispatcher = DispatcherConfig(
-        limits=StageLimits(acquire=max_concurrent_starts, run=runs, grade=max_concurrent_grades),
-        timeouts=timeouts,
-        policy=FailurePolicy(max_episode_attempts=max_episode_attempts),
-        seed=context.seed,
-    )
-    env_options: dict[str, Any] = {"command_timeout_s": command_timeout_s}
-    if tasks_path is not None:
-        env_options["tasks_path"] = tasks_path
-    config = AgentGeneratorConfig(
-        max_turns=max_turns or settings.max_turns,
-        max_input_length=max_input_length or settings.max_input_length,
-        dispatcher=dispatcher,
-        env_options=env_options,
-        labels={RUN_LABEL: run_id},
-    )
-    chat = ChatEncoder(context.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
+    run_id = settings.run_id or _default_run_id(context.run_name)
+    config = agent_config(settings, context.config, seed=context.seed, run_id=run_id)
+    chat = ChatEncoder(context.tokenizer, chat_template_kwargs=context.config.chat_template_kwargs)
+    harness = settings.harness
     program = None if harness is None else _harness(harness)  # refuse an unknown one before starting sandboxes
-    sandboxes = make_backend(backend, run_id, lifetime_s=timeouts.sandbox_lifetime_s, reaper=reaper)
+    lifetime_s = config.dispatcher.timeouts.sandbox_lifetime_s
+    sandboxes = make_backend(settings.backend, run_id, lifetime_s=lifetime_s, reaper=settings.reaper)
     if program is None:
         return SWETrainGenerator(sandboxes, chat, engine=context.engine, config=config, run_id=run_id)
     return SWEHarnessTrainGenerator(
         sandboxes, chat, engine=context.engine, tokenizer=context.tokenizer, harness=program, config=config,
-        command_timeout_s=command_timeout_s, run_id=run_id,
+        command_timeout_s=settings.command_timeout_s, run_id=run_id,
     )  # fmt: skip
+
+
+def agent_config(settings: SWEGeneratorConfig, run: GeneratorConfig, *, seed: int, run_id: str) -> AgentGeneratorConfig:
+    """The :class:`AgentGeneratorConfig` of ``settings``; a ``None`` field takes the run's generator setting."""
+    env_options: dict[str, Any] = {"command_timeout_s": settings.command_timeout_s}
+    if settings.tasks_path is not None:
+        env_options["tasks_path"] = settings.tasks_path
+    return AgentGeneratorConfig(
+        max_turns=settings.max_turns or run.max_turns,
+        max_input_length=settings.max_input_length or run.max_input_length,
+        dispatcher=dispatcher_config(settings, run, seed=seed),
+        env_options=env_options,
+        labels={RUN_LABEL: run_id},
+    )
+
+
+def dispatcher_config(settings: SWEGeneratorConfig, run: GeneratorConfig, *, seed: int) -> DispatcherConfig:
+    """The dispatcher's limits, deadlines and failure policy of ``settings`` (``None`` fields: the run's)."""
+    episode_s = settings.episode_timeout_s if settings.episode_timeout_s is not None else run.timeout_s
+    timeouts = Timeouts(
+        episode_s=episode_s,
+        llm_call_s=settings.llm_call_timeout_s,
+        tool_call_s=settings.tool_call_timeout_s,
+        sandbox_start_s=settings.sandbox_start_timeout_s,
+        grade_s=settings.grade_timeout_s,
+    )
+    runs = settings.max_concurrent_episodes or run.max_concurrent_trajectories or StageLimits().run
+    limits = StageLimits(acquire=settings.max_concurrent_starts, run=runs, grade=settings.max_concurrent_grades)
+    policy = FailurePolicy(max_episode_attempts=settings.max_episode_attempts)
+    return DispatcherConfig(limits=limits, timeouts=timeouts, policy=policy, seed=seed)
 
 
 def _harness(name: str) -> Harness:

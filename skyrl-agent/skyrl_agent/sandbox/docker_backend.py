@@ -39,8 +39,6 @@ from skyrl_agent.sandbox import ownership
 from skyrl_agent.sandbox.attach import INIT_SCRIPT, AttachedChannel, runner_argv_input
 from skyrl_agent.sandbox.base import (
     MODEL_SOCKET_MOUNT,
-    CommandResult,
-    SandboxClosedError,
     SandboxError,
     SandboxSpec,
     SandboxStartError,
@@ -53,6 +51,7 @@ from skyrl_agent.sandbox.docker_calls import REMOVE_BACKOFF_S, UNREACHABLE, remo
 from skyrl_agent.sandbox.docker_leases import Lease, daemon_time_s, list_leases
 from skyrl_agent.sandbox.session_socket import forwarder_command
 from skyrl_agent.sandbox.shell import DEFAULT_OUTPUT_CAP, ChannelOpener, PersistentShell, RunnerChannel
+from skyrl_agent.sandbox.shell_sandbox import ShellSandbox, check_snapshot_backend
 
 PING_TIMEOUT_S = 5.0  # how long to wait for the daemon to answer before declaring it unreachable
 API_TIMEOUT_S = 120.0  # per SDK call once connected (starts take seconds under load)
@@ -140,38 +139,25 @@ class _Handoff:
             return self._delivered
 
 
-class DockerSandbox:
-    """One container plus its command runner. Owned by one episode; :meth:`close` removes the container."""
+class DockerSandbox(ShellSandbox):
+    """One container plus its command runner. Owned by one episode; :meth:`close` removes the container.
+
+    ``run``, ``read_file`` and ``write_file`` are :class:`~.shell_sandbox.ShellSandbox`'s; each first checks that
+    the backend's lease holds.
+    """
+
+    closed_message = "docker sandbox {id} was used after close()"
 
     def __init__(self, backend: DockerBackend, container: Any, spec: SandboxSpec, shell: PersistentShell) -> None:
-        self.id: str = container.id[:12]
+        super().__init__(container.id[:12], spec, shell)
         self.container = container
-        self.spec = spec
         self._backend = backend
-        self._shell = shell
-        self._closed = False  # no more use: set as close() begins
         self._done = False  # close() went to the end: the container is gone, or its removal failed for good
         self.expires_at = math.inf  # time.monotonic() after which the backend removes it (never without lifetime_s)
 
     def keep_alive(self, seconds: float) -> None:
         """Keep this sandbox past its lifetime for at least ``seconds`` from now; a promise is never shortened."""
         self.expires_at = max(self.expires_at, time.monotonic() + seconds)
-
-    async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
-        """Run ``command`` through the command runner; its process group is killed in the container at ``timeout_s``."""
-        self._check_open()
-        return await self._shell.run(command, timeout_s=timeout_s, workdir=workdir)
-
-    async def read_file(self, path: str) -> bytes:
-        """The bytes of ``path`` (relative paths from the workdir), read as the sandbox user."""
-        self._check_open()
-        return await self._shell.read_file(self._abs(path))
-
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        """Create or replace ``path`` as the sandbox user (``PermissionError`` outside writable places)."""
-        self._check_open()
-        payload = data.encode() if isinstance(data, str) else data
-        await self._shell.write_file(self._abs(path), payload, mode)
 
     async def snapshot(self) -> Snapshot:
         """Commit the container's filesystem to a labelled image (≈70 ms measured); the backend removes it on close."""
@@ -198,12 +184,8 @@ class DockerSandbox:
             raise
         self._done = True
 
-    def _abs(self, path: str) -> str:
-        return path if path.startswith("/") else f"{self.spec.workdir.rstrip('/')}/{path}"
-
     def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxClosedError(f"docker sandbox {self.id} was used after close()")
+        super()._check_open()
         self._backend.check_lease()
 
 
@@ -315,8 +297,7 @@ class DockerBackend:
 
     async def fork(self, snapshot: Snapshot, n: int, spec: SandboxSpec) -> list[DockerSandbox]:
         """``n`` containers from the committed image of ``snapshot`` (≈0.18 s each; starts are rate-bound)."""
-        if snapshot.backend != self.name:
-            raise ValueError(f"a {snapshot.backend} snapshot cannot be forked by the docker backend")
+        check_snapshot_backend(snapshot, self.name)
         forked = replace(spec, image=snapshot.ref)
         results = await asyncio.gather(*(self.create(forked) for _ in range(n)), return_exceptions=True)
         sandboxes = [r for r in results if isinstance(r, DockerSandbox)]

@@ -44,14 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyrl_agent.sandbox.base import (
-    CommandResult,
-    SandboxClosedError,
     SandboxSpec,
     SandboxStartError,
     SandboxUnavailableError,
     Snapshot,
 )
 from skyrl_agent.sandbox.shell import DEFAULT_OUTPUT_CAP, PersistentShell
+from skyrl_agent.sandbox.shell_sandbox import ShellSandbox, check_snapshot_backend
 
 BWRAP = "/usr/bin/bwrap"
 SANDBOX_UID = 1000  # the image's ``sandbox`` user
@@ -205,63 +204,25 @@ class _Dirs:
         return self.base / "merged"
 
 
-class LocalSandbox:
-    """A bwrap-confined shell over its own overlay; :meth:`close` kills it and deletes the overlay."""
+class LocalSandbox(ShellSandbox):
+    """A bwrap-confined shell over its own overlay; :meth:`close` kills it and deletes the overlay.
+
+    ``run``, ``read_file`` and ``write_file`` are :class:`~.shell_sandbox.ShellSandbox`'s.
+    """
 
     def __init__(self, backend: LocalBackend, dirs: _Dirs, spec: SandboxSpec, lowers: list[Path]) -> None:
-        self.id = f"local-{dirs.base.name}"
-        self.spec = spec
+        argv = _bwrap_argv(spec, dirs.merged, backend.tmp_size_mb)
+        shell = PersistentShell(
+            argv, state_path=STATE_PATH, output_cap=backend.output_cap, env={}, own_pid_namespace=True
+        )
+        super().__init__(f"local-{dirs.base.name}", spec, shell)
         self.dirs = dirs
         self.lowers = lowers  # the layers under the upper dir, top first (snapshots, then the rootfs)
         self._backend = backend
-        self._shell = PersistentShell(
-            self._argv(), state_path=STATE_PATH, output_cap=backend.output_cap, env={}, own_pid_namespace=True
-        )
-        self._closed = False
-
-    def _argv(self) -> list[str]:
-        spec, merged = self.spec, str(self.dirs.merged)
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"/home/{spec.user}", "LANG": "C.UTF-8", **spec.env}
-        setenv = [arg for key, value in env.items() for arg in ("--setenv", key, value)]
-        nproc, address_mb = spec.pids_limit, spec.memory_mb
-        limits = f"ulimit -u {nproc} -v {address_mb * 1024} -f {4 * 1024 * 1024}"  # -f: 4 GiB files at most
-        drop = f"setpriv --reuid {SANDBOX_UID} --regid {SANDBOX_UID} --clear-groups --inh-caps=-all"
-        drop += " --bounding-set=-all --no-new-privs"
-        inner = f'{limits} && exec {drop} "$@"'  # "$@": the command runner, appended by PersistentShell
-        tmp_size = str(self._backend.tmp_size_mb << 20)
-        return [
-            BWRAP,
-            "--bind", merged, "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--perms", "1777", "--size", tmp_size, "--tmpfs", "/tmp",
-            # --unshare-all minus the user namespace: a root-run bwrap in a new user namespace maps only uid 0,
-            # while dropping to the real uid 1000 keeps host ownership (root-owned /etc stays read-only).
-            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session",
-            "--clearenv", *setenv,
-            "--chdir", spec.workdir,
-            "/bin/bash", "--noprofile", "--norc", "-c", inner, "skyrl",
-        ]  # fmt: skip
 
     async def start(self) -> None:
         """Start the shell inside bwrap."""
         await self._shell.start(self.spec.workdir)
-
-    async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
-        """Run ``command``; its process group is killed inside the sandbox at ``timeout_s`` seconds."""
-        self._check_open()
-        return await self._shell.run(command, timeout_s=timeout_s, workdir=workdir)
-
-    async def read_file(self, path: str) -> bytes:
-        """The bytes of ``path``, read as the sandbox user."""
-        self._check_open()
-        return await self._shell.read_file(self._abs(path))
-
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        """Create or replace ``path`` as the sandbox user."""
-        self._check_open()
-        await self._shell.write_file(self._abs(path), data.encode() if isinstance(data, str) else data, mode)
 
     async def snapshot(self) -> Snapshot:
         """Freeze a copy of the upper dir as a layer; ``ref`` is the overlay ``lowerdir`` list, top first."""
@@ -276,12 +237,30 @@ class LocalSandbox:
         await self._shell.close()
         await asyncio.to_thread(_destroy, self.dirs)
 
-    def _abs(self, path: str) -> str:
-        return path if path.startswith("/") else f"{self.spec.workdir.rstrip('/')}/{path}"
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxClosedError(f"{self.id} was used after close()")
+def _bwrap_argv(spec: SandboxSpec, merged: Path, tmp_size_mb: int) -> list[str]:
+    """The command prefix that runs a program in the sandbox over ``merged``, as the sandbox user (module docstring)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"/home/{spec.user}", "LANG": "C.UTF-8", **spec.env}
+    setenv = [arg for key, value in env.items() for arg in ("--setenv", key, value)]
+    nproc, address_mb = spec.pids_limit, spec.memory_mb
+    limits = f"ulimit -u {nproc} -v {address_mb * 1024} -f {4 * 1024 * 1024}"  # -f: 4 GiB files at most
+    drop = f"setpriv --reuid {SANDBOX_UID} --regid {SANDBOX_UID} --clear-groups --inh-caps=-all"
+    drop += " --bounding-set=-all --no-new-privs"
+    inner = f'{limits} && exec {drop} "$@"'  # "$@": the command runner, appended by PersistentShell
+    return [
+        BWRAP,
+        "--bind", str(merged), "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--perms", "1777", "--size", str(tmp_size_mb << 20), "--tmpfs", "/tmp",
+        # --unshare-all minus the user namespace: a root-run bwrap in a new user namespace maps only uid 0,
+        # while dropping to the real uid 1000 keeps host ownership (root-owned /etc stays read-only).
+        "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+        "--die-with-parent", "--new-session",
+        "--clearenv", *setenv,
+        "--chdir", spec.workdir,
+        "/bin/bash", "--noprofile", "--norc", "-c", inner, "skyrl",
+    ]  # fmt: skip
 
 
 def _destroy(dirs: _Dirs) -> None:
@@ -348,8 +327,7 @@ class LocalBackend:
 
     async def fork(self, snapshot: Snapshot, n: int, spec: SandboxSpec) -> list[LocalSandbox]:
         """``n`` sandboxes whose lower layers are the snapshot's (one overlay mount each)."""
-        if snapshot.backend != self.name:
-            raise ValueError(f"a {snapshot.backend} snapshot cannot be forked by the local backend")
+        check_snapshot_backend(snapshot, self.name)
         lowers = [Path(p) for p in snapshot.ref.split(":")]
         return list(await asyncio.gather(*(self.create(spec, lowers=lowers) for _ in range(n))))
 

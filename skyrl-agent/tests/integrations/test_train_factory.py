@@ -15,7 +15,7 @@ import pytest
 from skyrl_agent import cli
 from skyrl_agent.agents.actions import SUBMIT, bash_block
 from skyrl_agent.agents.swe_env import instructions, task_from_options
-from skyrl_agent.integrations.train_factory import ENV_CLASS, RUN_LABEL, dataset_rows, swe_generator
+from skyrl_agent.integrations.train_factory import ENV_CLASS, RUN_LABEL, dataset_rows, export_dataset, swe_generator
 from skyrl_agent.tasks import SUITE_PATH, load_suite
 
 
@@ -111,6 +111,42 @@ def test_settings_come_from_the_run_and_kwargs_override_them(tokenizer: Any, tmp
     assert check_factory(FactorySettings(path, {"harness": "mini-swe-agent"})) == []
     (problem,) = check_factory(FactorySettings(path, {"max_turn": 4}))
     assert "unexpected keyword argument 'max_turn'" in problem
+
+
+def test_bad_kwargs_are_named_by_the_run_config_validation(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = pytest.importorskip("skyrl_train.config", reason="config validation is skyrl-train's")
+    from skyrl_train.generators.factory import FactorySettings, check_factory
+
+    path = "skyrl_agent.integrations.train_factory:swe_generator"
+    bad = {"max_turn": 4, "backend": "podman", "episode_timeout_s": "long", "reaper": 1, "max_concurrent_grades": 0}
+    expected = [
+        "generator.factory_kwargs.max_turn: unexpected keyword argument 'max_turn'; did you mean 'max_turns'?",
+        "generator.factory_kwargs.backend: unknown backend 'podman'; expected one of 'docker', 'local', 'process'",
+        "generator.factory_kwargs.episode_timeout_s: expected float | None, got str 'long'",
+        "generator.factory_kwargs.reaper: expected bool, got int 1",
+    ]
+    assert check_factory(FactorySettings(path, bad)) == expected  # every problem, the limit's once types fit
+    assert check_factory(FactorySettings(path, {"max_turns": 0, "max_concurrent_grades": 0})) == [
+        "generator.factory_kwargs.max_turns must be at least 1, got 0; "
+        "generator.factory_kwargs.max_concurrent_grades must be at least 1, got 0"
+    ]
+    assert check_factory(FactorySettings(path, {"episode_timeout_s": 5, "llm_call_timeout_s": None})) == []
+    rows = tmp_path / "rows.jsonl"
+    export_dataset(rows)
+    overrides = [f"generator.factory_kwargs.{key}={value}" for key, value in bad.items()]
+    run = config.load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_data=[{rows}]",
+            f"trainer.run_dir={tmp_path / 'run'}",
+            f"generator.factory={path}",
+            *overrides,
+        ],
+    )
+    with pytest.raises(config.ConfigError) as raised:
+        config.validate(run)
+    assert all(problem in str(raised.value) for problem in expected)
 
 
 def _episode(tokenizer: Any, tmp_path: Path, *, link_generator: bool) -> dict[str, Any]:

@@ -13,6 +13,22 @@ called with one :class:`GeneratorContext` and the ``generator.factory_kwargs`` m
 The function returns anything satisfying the :class:`~skyrl_train.generators.base.Generator` protocol. This module
 imports nothing of the packages that provide factories: skyrl-train knows generators only through the protocol.
 
+Typed settings (optional): a factory whose attribute ``settings_type`` is a dataclass declares that its keyword
+arguments are that dataclass's fields. :func:`check_factory` (so config validation, before any model loads) then
+builds it from ``generator.factory_kwargs`` and reports every problem: an unknown key (with the nearest field), a
+value of the wrong type, and what the dataclass's own ``__post_init__`` raises. The factory turns its keywords into
+the same dataclass with :func:`build_settings`::
+
+    def swe_generator(context: GeneratorContext, **kwargs: Any) -> Generator:
+        settings = build_settings(SWEGeneratorConfig, kwargs)   # FactoryError listing every problem
+        ...
+
+    swe_generator.settings_type = SWEGeneratorConfig
+
+Field types :func:`build_settings` checks: ``bool``, ``int``, ``float`` (an ``int`` is taken as a float), ``str``,
+``None``, ``Literal[...]``, unions of these (``int | None``), ``Any``; another class by ``isinstance`` (a generic
+such as ``list[str]`` by its container only).
+
 Lifecycle (both optional, found by duck typing):
 
 - :class:`PausableGenerator` (``async pause()`` / ``async resume()``): the run pauses the generator around every
@@ -24,20 +40,34 @@ Lifecycle (both optional, found by duck typing):
   generator was built. The generator closes what it created (sandboxes, pools); the run closes the engine.
 - ``timeline`` (an attribute): set to the run's :class:`~skyrl_train.timeline.Timeline`, to record spans into.
 
-Errors: :func:`load_factory` and :func:`check_factory` raise / report :class:`FactoryError` (a ``ValueError``)
-naming the ``generator.factory`` or ``generator.factory_kwargs`` key and what to change.
+Errors: :func:`load_factory`, :func:`build_settings` and :func:`check_factory` raise / report :class:`FactoryError`
+(a ``ValueError``) naming the ``generator.factory`` or ``generator.factory_kwargs`` key and what to change.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import difflib
 import importlib
 import inspect
 import re
+import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    Protocol,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    runtime_checkable,
+)
 
 from skyrl_train.generators.base import Generator
 from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
@@ -49,6 +79,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FACTORY_KEY",
     "FACTORY_KWARGS_KEY",
+    "SETTINGS_ATTRIBUTE",
     "FactoryError",
     "FactorySettings",
     "GeneratorContext",
@@ -56,12 +87,16 @@ __all__ = [
     "GeneratorPauseLink",
     "PausableGenerator",
     "build_generator",
+    "build_settings",
     "check_factory",
     "load_factory",
+    "settings_problems",
 ]
 
 FACTORY_KEY = "generator.factory"
 FACTORY_KWARGS_KEY = "generator.factory_kwargs"
+SETTINGS_ATTRIBUTE = "settings_type"  # the factory's attribute naming the dataclass of its keyword arguments
+_S = TypeVar("_S")
 _PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 
 
@@ -102,7 +137,11 @@ class GeneratorContext:
 
 
 class GeneratorFactory(Protocol):
-    """``factory(context, **generator.factory_kwargs) -> Generator``; see the module docstring."""
+    """``factory(context, **generator.factory_kwargs) -> Generator``; see the module docstring.
+
+    A factory may also carry ``settings_type`` (:data:`SETTINGS_ATTRIBUTE`), the dataclass of its keyword
+    arguments, for :func:`check_factory` to build at validation.
+    """
 
     def __call__(self, context: GeneratorContext, /, **kwargs: Any) -> Generator:
         """Build the run's generator from ``context`` and the configured keyword arguments."""
@@ -153,11 +192,26 @@ def load_factory(path: str) -> GeneratorFactory:
 
 
 def check_factory(settings: FactorySettings) -> list[str]:
-    """Every problem of ``settings`` found without calling the factory (import, and whether the kwargs fit it)."""
+    """Every problem of ``settings`` found without calling the factory.
+
+    The factory must import, ``generator.factory_kwargs`` must fit its signature, and, when the factory declares a
+    ``settings_type``, the kwargs must build that dataclass (:func:`settings_problems`).
+    """
     try:
         factory = load_factory(settings.path)
     except FactoryError as exc:
         return [str(exc)]
+    problems = _signature_problems(factory, settings)
+    settings_type = getattr(factory, SETTINGS_ATTRIBUTE, None)
+    if problems or settings_type is None:
+        return problems
+    if not (isinstance(settings_type, type) and dataclasses.is_dataclass(settings_type)):
+        return [f"{FACTORY_KEY} {settings.path}: its {SETTINGS_ATTRIBUTE} must be a dataclass, got {settings_type!r}"]
+    return settings_problems(settings_type, settings.kwargs)
+
+
+def _signature_problems(factory: GeneratorFactory, settings: FactorySettings) -> list[str]:
+    """Whether ``factory(context, **settings.kwargs)`` binds to the factory's signature."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # some builtins and C callables have no signature: accept what is given
@@ -170,6 +224,112 @@ def check_factory(settings: FactorySettings) -> list[str]:
             "called as factory(context, **generator.factory_kwargs)"
         ]
     return []
+
+
+def build_settings(settings_type: type[_S], kwargs: Mapping[str, Any]) -> _S:
+    """``settings_type(**kwargs)`` for a dataclass, each value checked against its field's type first.
+
+    See the module docstring for the types checked; an ``int`` given for a ``float`` field becomes a float.
+
+    Raises:
+        FactoryError: every problem, ``; ``-separated (:func:`settings_problems` lists them one by one).
+    """
+    built, problems = _build(settings_type, kwargs)
+    if built is None:
+        raise FactoryError("; ".join(problems))
+    return built
+
+
+def settings_problems(settings_type: type[Any], kwargs: Mapping[str, Any]) -> list[str]:
+    """Why ``kwargs`` cannot build the dataclass ``settings_type``; empty when :func:`build_settings` succeeds.
+
+    Each problem names its ``generator.factory_kwargs`` key: an unknown key and the nearest field, a value of the
+    wrong type with the type expected. When every value fits, what the dataclass raises (``ValueError`` or
+    ``TypeError``, e.g. from its ``__post_init__``) is the one problem.
+    """
+    return _build(settings_type, kwargs)[1]
+
+
+def _build(settings_type: type[_S], kwargs: Mapping[str, Any]) -> tuple[_S | None, list[str]]:
+    try:
+        hints = get_type_hints(settings_type)
+    except (NameError, TypeError) as exc:  # an annotation names what its module does not define
+        return None, [f"{FACTORY_KWARGS_KEY}: the field types of {settings_type.__name__} do not resolve: {exc}"]
+    fields = {f.name: hints[f.name] for f in dataclasses.fields(settings_type) if f.init}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    problems = []
+    for key, value in kwargs.items():
+        if key not in fields:
+            problems.append(_unknown_key(key, list(fields), settings_type.__name__))
+        elif (fitted := _fitted(value, fields[key])) is _MISFIT:
+            problems.append(_misfit(key, value, fields[key]))
+        else:
+            values[key] = fitted
+    if problems:
+        return None, problems
+    try:
+        return settings_type(**values), []
+    except (TypeError, ValueError) as exc:
+        return None, [str(exc)]
+
+
+_MISFIT = object()  # what _fitted returns for a value its field's type does not take
+
+
+def _fitted(value: Any, tp: Any) -> Any:
+    """``value`` as a field of type ``tp`` takes it (an ``int`` for a ``float`` becomes one), else ``_MISFIT``."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Union or origin is types.UnionType:
+        for option in get_args(tp):
+            if (fitted := _fitted(value, option)) is not _MISFIT:
+                return fitted
+        return _MISFIT
+    if origin is Literal:
+        return value if any(value == c and type(value) is type(c) for c in get_args(tp)) else _MISFIT
+    if tp is type(None):
+        return value if value is None else _MISFIT
+    if tp is float and type(value) is int:
+        return float(value)
+    if tp is int and isinstance(value, bool):  # True is an int to Python, never to a config
+        return _MISFIT
+    return value if isinstance(value, origin or tp) else _MISFIT
+
+
+def _unknown_key(key: str, fields: list[str], settings_name: str) -> str:
+    close = difflib.get_close_matches(key, fields, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"{settings_name} takes {', '.join(fields)}"
+    return f"{FACTORY_KWARGS_KEY}.{key}: unexpected keyword argument {key!r}; {hint}"
+
+
+def _misfit(key: str, value: Any, tp: Any) -> str:
+    choices = _literal_choices(tp)
+    if choices:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        listed = ", ".join(repr(c) for c in choices)
+        return f"{FACTORY_KWARGS_KEY}.{key}: unknown {key} {value!r}; expected one of {listed}{hint}"
+    got = "None" if value is None else f"{type(value).__name__} {value!r}"
+    return f"{FACTORY_KWARGS_KEY}.{key}: expected {_type_name(tp)}, got {got}"
+
+
+def _literal_choices(tp: Any) -> tuple[Any, ...]:
+    """The values a ``Literal`` field (or ``Literal | None``) takes; empty for any other type."""
+    options = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+    literals = [option for option in options if get_origin(option) is Literal]
+    return tuple(choice for literal in literals for choice in get_args(literal)) if literals else ()
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in get_args(tp))
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(_type_name(option) for option in get_args(tp))
+    if tp is type(None):
+        return "None"
+    return str(tp) if origin is not None else getattr(tp, "__name__", str(tp))
 
 
 def build_generator(settings: FactorySettings, context: GeneratorContext) -> Generator:

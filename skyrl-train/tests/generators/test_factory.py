@@ -7,15 +7,22 @@ import json
 import sys
 import types
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from skyrl_gym.datasets import make_demo_dataset, write_dataset
 from skyrl_train.config import Config, ConfigError, load_config, validate
 from skyrl_train.generators import GeneratorContext, GeneratorInput, GeneratorOutput, SkyRLGymGenerator
-from skyrl_train.generators.factory import FactoryError, FactorySettings, GeneratorPauseLink, build_generator
+from skyrl_train.generators.factory import (
+    FactoryError,
+    FactorySettings,
+    GeneratorPauseLink,
+    build_generator,
+    build_settings,
+)
 from skyrl_train.inference.base import GenerationOutput, SamplingParams
 from skyrl_train.inference.versioned import VersionedEngine
 from skyrl_train.run import _Session, run
@@ -66,12 +73,34 @@ def not_a_generator(context: GeneratorContext) -> object:
     return object()
 
 
+@dataclass(frozen=True)
+class TypedSettings:
+    """The keyword arguments of ``typed_generator``."""
+
+    label: str = "default"
+    mode: Literal["fast", "slow"] = "fast"
+    limit: int | None = None
+    ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"generator.factory_kwargs.limit must be at least 1, got {self.limit}")
+
+
+def typed_generator(context: GeneratorContext, **kwargs: Any) -> RecordingGenerator:
+    return recording_generator(context, label=build_settings(TypedSettings, kwargs).label)
+
+
+typed_generator.settings_type = TypedSettings  # type: ignore[attr-defined]
+
+
 @pytest.fixture(autouse=True)
 def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Make the factories of this file importable as ``skyrl_test_generator_plugins:NAME``."""
     module = types.ModuleType(PLUGINS)
     module.recording_generator = recording_generator  # type: ignore[attr-defined]
     module.not_a_generator = not_a_generator  # type: ignore[attr-defined]
+    module.typed_generator = typed_generator  # type: ignore[attr-defined]
     module.NOT_CALLABLE = 3  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, PLUGINS, module)
     BUILT.clear()
@@ -138,6 +167,32 @@ def test_a_good_factory_validates_and_skips_the_env_registry_check(tmp_path: Pat
     with pytest.raises(ConfigError, match=r"environment\.env_class"):
         validate(_config(tmp_path, tiny_model_dir, unknown))
     assert not BUILT  # validation imports the factory but never calls it
+
+
+def test_typed_factory_kwargs_are_built_at_validation_and_every_problem_named(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    factory = f"generator.factory={PLUGINS}:typed_generator"
+    bad = [
+        "generator.factory_kwargs.lable=x",
+        "generator.factory_kwargs.limit=many",
+        "generator.factory_kwargs.mode=fats",
+    ]
+    with pytest.raises(ConfigError) as raised:
+        validate(_config(tmp_path, tiny_model_dir, factory, *bad))
+    message = str(raised.value)
+    assert "generator.factory_kwargs.lable: unexpected keyword argument 'lable'; did you mean 'label'?" in message
+    assert "generator.factory_kwargs.limit: expected int | None, got str 'many'" in message
+    assert "generator.factory_kwargs.mode: unknown mode 'fats'; expected one of 'fast', 'slow'; did you mean" in message
+    with pytest.raises(ConfigError, match=r"generator\.factory_kwargs\.limit must be at least 1, got 0"):
+        validate(_config(tmp_path, tiny_model_dir, factory, "generator.factory_kwargs.limit=0"))  # __post_init__
+    good = [
+        "generator.factory_kwargs.limit=3",
+        "generator.factory_kwargs.ratio=1",
+        "generator.factory_kwargs.mode=slow",
+    ]
+    validate(_config(tmp_path, tiny_model_dir, factory, *good))  # an int is taken for a float
+    assert not BUILT  # validation builds the settings, never the generator
 
 
 def test_a_factory_that_returns_no_generator_is_refused() -> None:
