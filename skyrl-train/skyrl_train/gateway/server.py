@@ -25,43 +25,30 @@ engine must be used from that loop). Decoding a body, rendering its chat templat
 thread of their own, so a large or slow request never holds the loop (which a trainer may share).
 :meth:`Gateway.open_session` and :meth:`Gateway.close_session` may be called from any thread. The gateway does not
 own the engine: the caller closes it.
+
+Pieces: :mod:`~skyrl_train.gateway.open_sessions`, :mod:`~skyrl_train.gateway.prepare` (a request turned into
+engine work), :mod:`~skyrl_train.gateway.responses` (JSON, SSE and errors); settings and counters in
+:mod:`~skyrl_train.gateway.settings`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
-import json
-import logging
-import re
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
-from skyrl_train.gateway.errors import (
-    ContextLengthError,
-    EngineError,
-    GatewayError,
-    InvalidRequestError,
-    RequestTooLargeError,
-    SessionClosedError,
-    SessionNotFoundError,
-    UnknownSessionKeyError,
-    error_body,
-)
-from skyrl_train.gateway.limits import SessionBudget, check_prompt_chars, check_request_size, check_template_kwargs
+from skyrl_train.gateway.errors import EngineError, GatewayError, InvalidRequestError, SessionClosedError
+from skyrl_train.gateway.open_sessions import SESSION_ID, LiveSession, SessionRegistry
+from skyrl_train.gateway.prepare import RequestPreparer
 from skyrl_train.gateway.protocol import (
-    ChatRequest,
     Choice,
-    CompletionRequest,
     Head,
     Sampling,
     chat_chunks,
@@ -69,47 +56,20 @@ from skyrl_train.gateway.protocol import (
     chat_response,
     completion_chunks,
     completion_response,
-    parse_chat_request,
-    parse_completion_request,
 )
-from skyrl_train.gateway.render import Conversation, ParsedReply, Renderer, ToolParser, parse_hermes_tool_calls
+from skyrl_train.gateway.render import ParsedReply, Renderer, ToolParser, parse_hermes_tool_calls
+from skyrl_train.gateway.responses import Answer, answer, answer_errors
 from skyrl_train.gateway.sessions import Plan, Sample, Session
+from skyrl_train.gateway.settings import GatewayConfig, GatewayStats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
 
-__all__ = ["Gateway", "GatewayConfig", "GatewayStats", "SessionHandle"]
+__all__ = ["SESSION_ID", "Gateway", "GatewayConfig", "GatewayStats", "SessionHandle"]
 
-logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-SESSION_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 _SESSION_ROUTE = r"/s/{session:[A-Za-z0-9._~-]{1,128}}"
-_DONE = b"data: [DONE]\n\n"
-_KEEPALIVE = b": keep-alive\n\n"
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    """Settings of :class:`Gateway`."""
-
-    host: str = "127.0.0.1"  # interface to listen on
-    port: int = 0  # 0: any free port (read Gateway.url)
-    model_name: str = "policy"  # what /v1/models lists; answers echo the request's model
-    max_model_len: int | None = None  # prompt + reply tokens at most; None: the engine's, else the tokenizer's
-    default_max_tokens: int = 2048  # reply tokens when a request sets no max_tokens (capped by the context left)
-    max_n: int = 16  # largest `n` accepted
-    stream_keepalive_s: float = 15.0  # seconds between SSE comments while a streamed request waits for the engine
-    max_body_bytes: int = 8 * 2**20  # largest request body accepted
-    max_prompt_chars: int = 2 * 2**20  # characters of text in one request (messages, tools, prompts)
-    template_kwargs: tuple[str, ...] = ("enable_thinking",)  # chat_template_kwargs keys a request may set
-    max_samples_per_request: int = 64  # prompts × n of one request
-    max_request_tokens: int = 2**21  # prompt + max_tokens over one request's samples
-    max_session_requests: int = 4096  # requests one session may make
-    max_session_samples: int = 4096  # samples one session may ask for
-    max_session_tokens: int = 2**24  # prompt + max_tokens over all of one session's samples
 
 
 @dataclass(frozen=True)
@@ -121,33 +81,12 @@ class SessionHandle:
     api_key: str  # the session id; on the bare <gateway url>/v1 routes it names the session
 
 
-@dataclass
-class GatewayStats:
-    """Counters since the gateway was created."""
-
-    requests: int = 0  # HTTP requests received
-    errors: int = 0  # answered with an OpenAI error
-    sessions_opened: int = 0
-    sessions_closed: int = 0
-    engine_calls: int = 0  # engine.generate calls made (one per request, whatever its n)
-    engine_s: float = 0.0  # seconds those calls took, summed (calls in flight together each count in full)
-
-
 class SpanRecorder(Protocol):
     """Where the gateway records each engine call (``skyrl_train.timeline.Timeline`` is one)."""
 
     def span(self, lane: str, name: str) -> AbstractContextManager[None]:
         """A context manager that records its block as a span on ``lane``."""
         ...
-
-
-@dataclass
-class _Live:
-    """An open session and its generations in flight."""
-
-    session: Session
-    tasks: set[asyncio.Future[list[GenerationOutput]]] = field(default_factory=set)
-    budget: SessionBudget = field(default_factory=SessionBudget)  # what its requests asked for so far
 
 
 class Gateway:
@@ -181,12 +120,9 @@ class Gateway:
         self.vocab_size = len(tokenizer)
         self.stats = GatewayStats()
         self.url = ""
-        self._sessions: dict[str, _Live] = {}
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sessions = SessionRegistry(self.renderer.end_of_turn_token_id, self.stats)
+        self._prepare = RequestPreparer(self.renderer, self.config, self.max_model_len, self.vocab_size)
         self._runner: web.AppRunner | None = None
-        # One thread decodes, renders and tokenizes (a tokenizer is not safe to share between threads).
-        self._prepare: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -194,9 +130,9 @@ class Gateway:
         """Listen on ``config.host:config.port``; return the base URL (``http://host:port``)."""
         if self._runner is not None:
             return self.url
-        self._loop = asyncio.get_running_loop()
-        self._prepare = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gateway-prepare")
-        app = web.Application(middlewares=[self._answer_errors], client_max_size=self.config.max_body_bytes)
+        self._sessions.bind(asyncio.get_running_loop())
+        self._prepare.start()
+        app = web.Application(middlewares=[answer_errors(self.stats)], client_max_size=self.config.max_body_bytes)
         for prefix in ("", _SESSION_ROUTE):
             app.router.add_get(prefix + "/v1/models", self._models)
             app.router.add_get(prefix + "/v1/models/{model}", self._model)
@@ -216,9 +152,7 @@ class Gateway:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
-        prepare, self._prepare = self._prepare, None
-        if prepare is not None:
-            prepare.shutdown(wait=False, cancel_futures=True)
+        self._prepare.stop()
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -233,14 +167,7 @@ class Gateway:
         """Open a session (a random id when None); raises ``ValueError`` for an id in use or not URL-safe."""
         if not self.url:
             raise RuntimeError("start the gateway before opening sessions (await gateway.start())")
-        session_id = session_id or uuid.uuid4().hex
-        if not SESSION_ID.fullmatch(session_id):
-            raise ValueError(f"session ids are 1-128 characters of [A-Za-z0-9._~-]; got {session_id!r}")
-        with self._lock:
-            if session_id in self._sessions:
-                raise ValueError(f"session {session_id!r} is already open")
-            self._sessions[session_id] = _Live(Session(session_id, self.renderer.end_of_turn_token_id))
-            self.stats.sessions_opened += 1
+        session_id = self._sessions.open(session_id)
         return SessionHandle(session_id, f"{self.url}/s/{session_id}/v1", session_id)
 
     def session(self, session_id: str) -> Session:
@@ -249,28 +176,7 @@ class Gateway:
 
     def close_session(self, session_id: str) -> list[Sample]:
         """Close a session and return its samples; its requests still in flight are cancelled, unrecorded."""
-        with self._lock:
-            live = self._sessions.pop(session_id, None)
-            if live is None:
-                raise KeyError(f"no open session {session_id!r}")
-            self.stats.sessions_closed += 1
-        samples = live.session.close()
-        for task in list(live.tasks):
-            self._cancel_soon(task)
-        return samples
-
-    def _cancel_soon(self, task: asyncio.Future[Any]) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            task.cancel()
-        else:
-            loop.call_soon_threadsafe(task.cancel)
+        return self._sessions.close(session_id)
 
     # -- routes ---------------------------------------------------------------------------------------------
 
@@ -290,15 +196,13 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
-        live = self._live(request)
-        body = await self._body(request)
-        chat, conversation, plan = await self._off_loop(self._plan_chat, live, body)
-        params = self._sampling_params(chat.sampling, len(plan.prompt_ids), "messages")
-        self._admit(live, [(len(plan.prompt_ids), params.max_tokens)] * chat.sampling.n)
+        live = self._sessions.for_request(request)
+        prepared = await self._prepare.chat(request, live)
+        chat, conversation, plan = prepared.chat, prepared.conversation, prepared.plan
         head = self._head("chatcmpl", chat.model, [plan.prompt_ids])
 
-        async def work() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-            outputs = await self._generate(live, [plan.prompt_ids] * chat.sampling.n, params)
+        async def work() -> Answer:
+            outputs = await self._generate(live, [plan.prompt_ids] * chat.sampling.n, prepared.params)
             choices = [
                 self._choice(k, out, chat.sampling, chat.parse_tool_calls, chat.logprobs)
                 for k, out in enumerate(outputs)
@@ -309,22 +213,18 @@ class Gateway:
                 return {}, chat_chunks(head, chat, choices)
             return chat_response(head, chat, choices), []
 
-        return await self._respond(request, chat, work)
+        return await answer(request, chat.stream, work, self.config.stream_keepalive_s, self.stats)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
-        live = self._live(request)
-        body = await self._body(request)
-        completion, plans = await self._off_loop(self._plan_completions, live, body)
-        params = [self._sampling_params(completion.sampling, len(p.prompt_ids), "prompt") for p in plans]
-        n = completion.sampling.n
-        self._admit(live, [(len(plan.prompt_ids), p.max_tokens) for plan, p in zip(plans, params, strict=True)] * n)
+        live = self._sessions.for_request(request)
+        prepared = await self._prepare.completions(request, live)
+        completion, plans, n = prepared.completion, prepared.plans, prepared.completion.sampling.n
         head = self._head("cmpl", completion.model, [plan.prompt_ids for plan in plans])
 
-        async def work() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-            batches = await asyncio.gather(
-                *(self._generate(live, [plan.prompt_ids] * n, p) for plan, p in zip(plans, params, strict=True))
-            )
+        async def work() -> Answer:
+            pairs = zip(plans, prepared.params, strict=True)
+            batches = await asyncio.gather(*(self._generate(live, [plan.prompt_ids] * n, p) for plan, p in pairs))
             choices: list[Choice] = []
             prompt_of: list[int] = []
             for index, (plan, outputs) in enumerate(zip(plans, batches, strict=True)):
@@ -337,112 +237,16 @@ class Gateway:
                 return {}, completion_chunks(head, completion, choices, prompt_of)
             return completion_response(head, completion, choices, prompt_of), []
 
-        return await self._respond(request, completion, work)
-
-    # -- preparing a request (on the prepare thread) ----------------------------------------------------------
-
-    async def _body(self, request: web.Request) -> Any:
-        """The request's JSON, decoded and size-checked on the prepare thread."""
-        raw = await _read_body(request)
-        return await self._off_loop(self._decode, raw)
-
-    def _decode(self, raw: bytes) -> Any:
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
-        check_prompt_chars(body, self.config)
-        return body
-
-    def _plan_chat(self, live: _Live, body: Any) -> tuple[ChatRequest, Conversation, Plan]:
-        chat = parse_chat_request(body, max_n=self.config.max_n)
-        check_template_kwargs(chat.template_options, self.config)
-        conversation = self.renderer.conversation(chat.messages, chat.tools, chat.template_options)
-        plan = live.session.plan(
-            conversation.keys,
-            lambda start: self.renderer.delta_ids(conversation, start),
-            lambda: self.renderer.full_ids(conversation),
-        )
-        return chat, conversation, plan
-
-    def _plan_completions(self, live: _Live, body: Any) -> tuple[CompletionRequest, list[Plan]]:
-        completion = parse_completion_request(body, max_n=self.config.max_n)
-        samples = len(completion.prompts) * completion.sampling.n
-        check_request_size(samples, 0, self.config)  # before tokenizing prompts that would be refused anyway
-        return completion, [self._completion_plan(live, prompt, completion) for prompt in completion.prompts]
-
-    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the prepare thread (inline when the gateway is not serving)."""
-        if self._prepare is None:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._prepare, functools.partial(fn, *args))
-
-    def _admit(self, live: _Live, samples: Sequence[tuple[int, int]]) -> None:
-        """Charge a request's samples (``(prompt tokens, max_tokens)`` each) to its session, or refuse it."""
-        tokens = sum(prompt + reply for prompt, reply in samples)
-        check_request_size(len(samples), tokens, self.config)
-        live.budget.admit(len(samples), tokens, self.config)
-
-    def _completion_plan(self, live: _Live, prompt: str | list[int], completion: CompletionRequest) -> Plan:
-        if isinstance(prompt, str):
-            ids = self.renderer.encode_text(prompt, add_special_tokens=completion.add_special_tokens)
-        else:
-            ids = prompt
-        if not ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        if max(ids) >= self.vocab_size:
-            message = f"token id {max(ids)} is not in the vocabulary (size {self.vocab_size})"
-            raise InvalidRequestError(message, param="prompt")
-        return live.session.plan([], _no_delta, lambda: ids)
+        return await answer(request, completion.stream, work, self.config.stream_keepalive_s, self.stats)
 
     # -- shared steps ---------------------------------------------------------------------------------------
-
-    def _live(self, request: web.Request) -> _Live:
-        """The open session a request names, by its URL path or else its bearer token."""
-        session_id = request.match_info.get("session")
-        missing: type[SessionNotFoundError] = SessionNotFoundError
-        if session_id is None:
-            missing = UnknownSessionKeyError
-            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            session_id = token.strip()
-            if scheme.lower() != "bearer" or not session_id:
-                raise missing(
-                    "no session named: use the session's base URL (/s/<session>/v1) or send the session id as "
-                    "the API key (Authorization: Bearer <session>)"
-                )
-        live = self._sessions.get(session_id)
-        if live is None:
-            raise missing(f"no open session {session_id!r}: open it with Gateway.open_session before sending requests")
-        return live
-
-    def _sampling_params(self, sampling: Sampling, prompt_length: int, param: str) -> SamplingParams:
-        """The engine's parameters, with ``max_tokens`` checked against (or fitted into) the context left."""
-        limit = self.max_model_len
-        if limit is not None and prompt_length >= limit:
-            raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens, but the prompt has {prompt_length} tokens: "
-                "there is no room for a reply. Shorten the conversation.",
-                param=param,
-            )
-        max_tokens = sampling.max_tokens
-        if max_tokens is None:
-            left = self.config.default_max_tokens if limit is None else limit - prompt_length
-            max_tokens = min(self.config.default_max_tokens, left)
-        elif limit is not None and prompt_length + max_tokens > limit:
-            raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_length + max_tokens} tokens ({prompt_length} in the prompt, {max_tokens} for the "
-                "completion). Reduce the length of the prompt or max_tokens.",
-                param="max_tokens",
-            )
-        return sampling.params(max_tokens)
 
     def _head(self, prefix: str, model: str | None, prompts: list[list[int]]) -> Head:
         total = sum(len(p) for p in prompts)
         return Head(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model or self.config.model_name, total, prompts)
 
     async def _generate(
-        self, live: _Live, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, live: LiveSession, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[GenerationOutput]:
         """The engine's outputs, waiting as long as it takes (a paused engine holds the call)."""
         task = asyncio.ensure_future(self.engine.generate(prompts, params))
@@ -480,65 +284,9 @@ class Gateway:
         texts = self.renderer.token_texts(output.token_ids) if token_texts else None
         return Choice(index, output, text, reply, texts)
 
-    def _record(self, live: _Live, plan: Plan, outputs: Sequence[GenerationOutput], keys: Sequence[Any]) -> None:
+    def _record(self, live: LiveSession, plan: Plan, outputs: Sequence[GenerationOutput], keys: Sequence[Any]) -> None:
         if not live.session.record(plan, outputs, keys):
             raise SessionClosedError(f"session {live.session.session_id!r} was closed during the request")
-
-    async def _respond(
-        self,
-        request: web.Request,
-        parsed: ChatRequest | CompletionRequest,
-        work: Callable[[], Awaitable[tuple[dict[str, Any], list[dict[str, Any]]]]],
-    ) -> web.StreamResponse:
-        if not parsed.stream:
-            body, _ = await work()
-            return web.json_response(body, dumps=_dumps)
-        return await self._stream(request, work())
-
-    async def _stream(
-        self, request: web.Request, work: Awaitable[tuple[dict[str, Any], list[dict[str, Any]]]]
-    ) -> web.StreamResponse:
-        """Answer as server-sent events: comments while the engine works, then the chunks and ``[DONE]``."""
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        task = asyncio.ensure_future(work)
-        try:
-            while not (await asyncio.wait({task}, timeout=self.config.stream_keepalive_s))[0]:
-                await response.write(_KEEPALIVE)
-            try:
-                _, chunks = task.result()
-            except GatewayError as exc:  # the status line is sent already: the error goes in the stream
-                self.stats.errors += 1
-                await response.write(_event(exc.body()))
-                return response
-            await response.write(b"".join(_event(chunk) for chunk in chunks) + _DONE)
-        except (ConnectionError, asyncio.CancelledError):
-            task.add_done_callback(_consume)  # the generation goes on and is recorded; nobody reads its result
-            raise
-        await response.write_eof()
-        return response
-
-    @web.middleware
-    async def _answer_errors(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """Every failure as OpenAI's error body with its HTTP status; the server never dies on a request."""
-        try:
-            return await handler(request)
-        except GatewayError as exc:
-            self.stats.errors += 1
-            return web.json_response(exc.body(), status=exc.status)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            self.stats.errors += 1
-            message = f"{request.method} {request.path}: {exc.reason}"
-            return web.json_response(error_body(message, "invalid_request_error"), status=exc.status)
-        except Exception as exc:
-            self.stats.errors += 1
-            logger.exception("gateway: %s %s failed", request.method, request.path)
-            body = error_body(f"internal server error: {type(exc).__name__}: {exc}", "server_error")
-            return web.json_response(body, status=500)
 
 
 def _context_limit(config: GatewayConfig, engine: object, tokenizer: PreTrainedTokenizerBase) -> int | None:
@@ -550,35 +298,10 @@ def _context_limit(config: GatewayConfig, engine: object, tokenizer: PreTrainedT
     return limit if isinstance(limit, int) and 0 < limit < 10**7 else None  # HF's "unset" is ~1e30
 
 
-async def _read_body(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestTooLargeError(f"the request body is too large: {exc.text} (GatewayConfig.max_body_bytes)") from exc
-
-
-def _no_delta(start: int) -> list[int]:
-    raise AssertionError("token-id prompts carry no conversation keys, so no message match can ask for a delta")
-
-
 def _before_stop(text: str, stops: Sequence[str]) -> str:
     """``text`` up to the earliest stop string (OpenAI leaves the stop string out of the content)."""
     cuts = [at for at in (text.find(stop) for stop in stops) if at >= 0]
     return text[: min(cuts)] if cuts else text
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _event(data: Any) -> bytes:
-    return b"data: " + _dumps(data).encode() + b"\n\n"
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        with contextlib.suppress(BaseException):
-            task.exception()
 
 
 def _url_host(host: str) -> str:

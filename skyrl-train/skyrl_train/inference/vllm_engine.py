@@ -53,6 +53,8 @@ Usage::
     outputs = await engine.generate([[1, 2, 3]], SamplingParams(max_tokens=64, seed=0))
     await sync_weights(backend, engine)  # pause, update_weights, resume (skyrl_train.inference.weight_sync)
     await engine.close()
+
+The engine thread's loop and the commands it serves live in :mod:`skyrl_train.inference.vllm_loop`.
 """
 
 from __future__ import annotations
@@ -60,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import gc
 import itertools
 import os
 import queue
@@ -70,13 +71,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from skyrl_train.inference.base import GenerationOutput, SamplingParams, StopReason
+from skyrl_train.inference.base import GenerationOutput, SamplingParams
 from skyrl_train.inference.concurrency import PauseGate, paused_during
+from skyrl_train.inference.vllm_loop import (
+    Abort,
+    Call,
+    Command,
+    EngineClosedError,
+    Hold,
+    Request,
+    StepLoop,
+    Stop,
+    Streamed,
+    Submit,
+    in_process_core,
+    to_generation_output,
+)
 from skyrl_train.inference.vllm_worker_ext import EXTENSION_CLASS, pack_cuda_ipc
 from skyrl_train.inference.weight_sync import save_weights, serialize_weights, transfer_path
 
 if TYPE_CHECKING:
     import torch
+
+__all__ = [
+    "TENSOR_PARALLEL_BACKEND",
+    "EngineClosedError",
+    "PauseAt",
+    "VLLMEngine",
+    "VLLMEngineConfig",
+    "WeightTransport",
+    "llm_kwargs",
+    "to_generation_output",
+    "to_vllm_params",
+]
 
 WeightTransport = Literal["auto", "direct", "file", "bytes", "cuda_ipc"]
 PauseAt = Literal["sequence_end", "token"]
@@ -115,59 +142,6 @@ class VLLMEngineConfig:
             )
 
 
-@dataclass
-class _Streamed:
-    """What a streamed request (``pause_at="token"``) has generated so far, one entry per token."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int | None] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt: list[int]
-    params: Any  # vllm.SamplingParams
-    future: concurrent.futures.Future[GenerationOutput]
-    streamed: _Streamed | None = None  # set when the request's tokens arrive step by step
-
-
-@dataclass
-class _Submit:
-    requests: list[_Request]
-
-
-@dataclass
-class _Abort:
-    request_ids: list[str]
-
-
-@dataclass
-class _Call:
-    fn: Callable[[Any], Any]  # called with the vllm.LLM on the engine thread
-    future: concurrent.futures.Future[Any]
-
-
-@dataclass
-class _Hold:
-    held: bool  # True: step no more until released
-    future: concurrent.futures.Future[Any]
-
-
-@dataclass
-class _Stop:
-    pass
-
-
-_Command = _Submit | _Abort | _Call | _Hold | _Stop
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was closed (or its thread ended); create a new one."""
-
-
 class VLLMEngine:
     """An :class:`~skyrl_train.inference.base.InferenceEngine` backed by ``vllm.LLM``.
 
@@ -183,17 +157,21 @@ class VLLMEngine:
         self.last_update_seconds: float | None = None  # worker-side load time of the latest update
         self.sleeps = False  # whether sleep() releases memory (sleep_mode on a GPU; known once built)
         self.asleep = False
-        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._ids = itertools.count()
         self._gate = PauseGate()
         self._held = False  # pause_at="token": whether pause() holds the engine thread (asyncio side)
-        self._thread_held = False  # the same, as the engine thread applies it
         self.policy_version: int | None = None  # recorded on each streamed token; set it while paused
-        self.steps = 0  # engine steps run so far (each samples one token of every running request)
+        self._loop: StepLoop | None = None  # what the engine thread runs, once the LLM is built
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="vllm-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def steps(self) -> int:
+        """Engine steps run so far (each samples one token of every running request)."""
+        return self._loop.steps if self._loop is not None else 0
 
     async def wait_ready(self) -> None:
         """Wait until the ``LLM`` is built; re-raises a start-up failure."""
@@ -211,7 +189,7 @@ class VLLMEngine:
         gate = contextlib.nullcontext() if self.pauses_at_token_boundary else self._gate.admit()
         async with gate:
             requests = [self._request(prompt, params, i) for i, prompt in enumerate(prompts)]
-            self._commands.put(_Submit(requests))
+            self._commands.put(Submit(requests))
             return list(await asyncio.gather(*(asyncio.wrap_future(r.future) for r in requests)))
 
     @property
@@ -298,7 +276,7 @@ class VLLMEngine:
         self._check_open()
         await self.wait_ready()
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._commands.put(_Hold(held, future))
+        self._commands.put(Hold(held, future))
         await asyncio.wrap_future(future)
         self._held = held
 
@@ -307,7 +285,7 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
-        self._commands.put(_Stop())
+        self._commands.put(Stop())
         await asyncio.to_thread(self._thread.join)
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
@@ -315,7 +293,7 @@ class VLLMEngine:
         self._check_open()
         await self.wait_ready()
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._commands.put(_Call(fn, future))
+        self._commands.put(Call(fn, future))
         return await asyncio.wrap_future(future)
 
     # -- event-loop side helpers ---------------------------------------------------------------------------
@@ -330,20 +308,20 @@ class VLLMEngine:
         if self._ready.done() and self._ready.exception() is None and not self._thread.is_alive():
             raise EngineClosedError("the engine thread has stopped (see the log for its error); create a new engine")
 
-    def _request(self, prompt: Sequence[int], params: SamplingParams, index: int) -> _Request:
+    def _request(self, prompt: Sequence[int], params: SamplingParams, index: int) -> Request:
         seed = None if params.seed is None else params.seed + index
         future: concurrent.futures.Future[GenerationOutput] = concurrent.futures.Future()
         streamed = self.pauses_at_token_boundary
         vllm_params = to_vllm_params(params, seed, self._text, streamed=streamed)
         request_id = f"skyrl-{next(self._ids)}"
-        request = _Request(request_id, list(prompt), vllm_params, future, _Streamed() if streamed else None)
+        request = Request(request_id, list(prompt), vllm_params, future, Streamed() if streamed else None)
         future.add_done_callback(lambda f: self._abort_if_cancelled(f, request.request_id))
         return request
 
     def _abort_if_cancelled(self, future: concurrent.futures.Future[GenerationOutput], request_id: str) -> None:
         # A cancelled caller no longer wants the sequence: free its slot in the batch.
         if future.cancelled() and not self._closed:
-            self._commands.put(_Abort([request_id]))
+            self._commands.put(Abort([request_id]))
 
     async def _load(self, rpc: Callable[[Any], list[float]]) -> None:
         async with paused_during(self):
@@ -359,16 +337,10 @@ class VLLMEngine:
         except BaseException as exc:  # surfaced to every caller through wait_ready()
             self._ready.set_exception(exc)
             return
+        self._loop = StepLoop(llm, self._commands, lambda: self.policy_version)
+        del llm  # the loop owns it now, and drops it when it stops
         self._ready.set_result(None)
-        pending: dict[str, _Request] = {}
-        try:
-            while self._serve_commands(llm, pending, block=not pending or self._thread_held):
-                if pending and not self._thread_held:
-                    self._step(llm, pending)
-        finally:
-            _fail(pending.values(), EngineClosedError("the engine was closed"))
-            self._fail_queued()
-            _shutdown(llm)
+        self._loop.run()
 
     def _build(self) -> Any:
         from vllm import LLM
@@ -384,93 +356,6 @@ class VLLMEngine:
             self.weight_transport = "direct" if _in_process_worker(llm) else "file"
         self.sleeps = self.config.sleep_mode and not on_cpu
         return llm
-
-    def _serve_commands(self, llm: Any, pending: dict[str, _Request], *, block: bool) -> bool:
-        """Apply queued commands (waiting for one when ``block``); False once told to stop."""
-        for command in _drain(self._commands, block):
-            if isinstance(command, _Stop):
-                return False
-            if isinstance(command, _Submit):
-                for request in command.requests:
-                    self._add(llm, request, pending)
-            elif isinstance(command, _Hold):
-                self._apply_hold(llm, pending, command)
-            elif isinstance(command, _Abort):
-                live = [rid for rid in command.request_ids if pending.pop(rid, None) is not None]
-                if live:
-                    llm.llm_engine.abort_request(live)
-            else:
-                _run_call(command, llm)
-        return True
-
-    def _apply_hold(self, llm: Any, pending: dict[str, _Request], hold: _Hold) -> None:
-        """Stop (or restart) sampling between two engine steps; resolves ``hold.future`` when done.
-
-        The engine thread stops stepping. An engine core in its own process would go on sampling by itself, so its
-        scheduler is paused as well, and the tokens it sampled before pausing are read now: they are stamped with
-        the policy version of the weights that sampled them, the one current until ``pause`` returns.
-        """
-        client = llm.llm_engine.engine_core
-        try:
-            if not _in_process_core(llm):
-                if hold.held:
-                    client.call_utility("pause_scheduler", "keep", False)  # the cache is reset after a load
-                    # The pause's reply came after every output sampled before it: they are queued here now.
-                    while pending and not client.outputs_queue.empty():
-                        self._step(llm, pending)
-                else:
-                    client.call_utility("resume_scheduler")
-        except Exception as exc:  # delivered to pause() or resume(), not raised on the engine thread
-            _set(hold.future, exc)
-            return
-        self._thread_held = hold.held
-        _set(hold.future, None)
-
-    def _add(self, llm: Any, request: _Request, pending: dict[str, _Request]) -> None:
-        from vllm.inputs import TokensPrompt
-
-        if request.future.done():  # cancelled before it reached the engine
-            return
-        try:
-            # LLMEngine.add_request keeps our request id on the outputs, so they map back to their futures.
-            prompt = TokensPrompt(prompt_token_ids=request.prompt)
-            llm.llm_engine.add_request(request.request_id, prompt, request.params)
-        except Exception as exc:  # e.g. a prompt longer than max_model_len: only this request fails
-            _set(request.future, exc)
-            return
-        pending[request.request_id] = request
-
-    def _step(self, llm: Any, pending: dict[str, _Request]) -> None:
-        engine = llm.llm_engine
-        if not engine.has_unfinished_requests():  # should not happen; never spin on requests vLLM lost
-            _fail(pending.values(), RuntimeError("vLLM dropped requests without finishing them"))
-            pending.clear()
-            return
-        try:
-            outputs = engine.step()
-            self.steps += 1
-        except Exception as exc:  # the engine failed mid-step: everything in flight failed with it
-            _fail(pending.values(), exc)
-            engine.abort_request(list(pending))
-            pending.clear()
-            return
-        for output in outputs:
-            request = pending.get(output.request_id)
-            if request is None:
-                continue
-            if request.streamed is not None:
-                _accumulate(request.streamed, output, request.params, self.policy_version)
-            if output.finished:
-                del pending[output.request_id]
-                _set(request.future, to_generation_output(output, request.params, request.streamed))
-
-    def _fail_queued(self) -> None:
-        closed = EngineClosedError("the engine was closed")
-        for command in _drain(self._commands, block=False):
-            if isinstance(command, _Submit):
-                _fail(command.requests, closed)
-            elif isinstance(command, _Call):
-                _set(command.future, closed)
 
 
 TENSOR_PARALLEL_BACKEND = "mp"
@@ -539,83 +424,6 @@ def to_vllm_params(params: SamplingParams, seed: int | None, detokenize: bool, *
     )
 
 
-def to_generation_output(output: Any, params: Any, streamed: _Streamed | None = None) -> GenerationOutput:
-    """Convert a finished ``vllm.RequestOutput`` (one completion, sampled with ``vllm.SamplingParams`` ``params``).
-
-    ``streamed``: the tokens of a request whose outputs came step by step (the last one carries only its own).
-    """
-    completion = output.outputs[0]
-    if streamed is not None:
-        token_ids, text = streamed.token_ids, "".join(streamed.text)
-        logprobs = streamed.logprobs if params.logprobs is not None else None
-    else:
-        token_ids, text, logprobs = [int(t) for t in completion.token_ids], completion.text, None
-        if params.logprobs is not None and completion.logprobs is not None:
-            logprobs = _sampled_logprobs(completion, token_ids)
-    reason: StopReason = "length" if completion.finish_reason == "length" else "stop"
-    if completion.finish_reason not in ("stop", "length"):
-        reason = "abort"
-    metadata: dict[str, object] = {}
-    if isinstance(completion.stop_reason, str):
-        metadata["stop_string"] = completion.stop_reason
-    versions = None
-    if streamed is not None and token_ids and all(v is not None for v in streamed.versions):
-        versions = [int(v) for v in streamed.versions if v is not None]
-    return GenerationOutput(
-        token_ids, logprobs, reason, text if params.detokenize else None, metadata, token_policy_versions=versions
-    )
-
-
-def _sampled_logprobs(completion: Any, token_ids: list[int]) -> list[float]:
-    return [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids, strict=True)]
-
-
-def _accumulate(streamed: _Streamed, output: Any, params: Any, version: int | None) -> None:
-    """Add one step's new tokens of ``output`` (``RequestOutputKind.DELTA``), each sampled by policy ``version``."""
-    completion = output.outputs[0]
-    token_ids = [int(t) for t in completion.token_ids]
-    streamed.token_ids.extend(token_ids)
-    streamed.versions.extend([version] * len(token_ids))
-    streamed.text.append(completion.text or "")
-    if params.logprobs is not None and completion.logprobs is not None:
-        streamed.logprobs.extend(_sampled_logprobs(completion, token_ids))
-
-
-def _drain(commands: queue.Queue[_Command], block: bool) -> Iterator[_Command]:
-    """Queued commands in order; with ``block``, wait for the first one."""
-    try:
-        yield commands.get(block=block)
-        while True:
-            yield commands.get_nowait()
-    except queue.Empty:
-        return
-
-
-def _run_call(command: _Call, llm: Any) -> None:
-    try:
-        result = command.fn(llm)
-    except BaseException as exc:  # delivered to the awaiting caller, not raised on the engine thread
-        _set(command.future, exc)
-    else:
-        _set(command.future, result)
-
-
-def _set(future: concurrent.futures.Future[Any], value: Any) -> None:
-    """Resolve ``future`` with a result or exception unless its caller already gave up on it."""
-    try:
-        if isinstance(value, BaseException):
-            future.set_exception(value)
-        else:
-            future.set_result(value)
-    except concurrent.futures.InvalidStateError:  # cancelled meanwhile
-        pass
-
-
-def _fail(requests: Iterable[_Request], exc: BaseException) -> None:
-    for request in requests:
-        _set(request.future, exc)
-
-
 def _load_and_reset_cache(llm: Any, rpc: Callable[[Any], list[float]]) -> list[float]:
     """Run the weight-loading ``rpc`` (its per-worker seconds are returned), then forget the old weights' KV cache.
 
@@ -629,25 +437,12 @@ def _load_and_reset_cache(llm: Any, rpc: Callable[[Any], list[float]]) -> list[f
     return seconds
 
 
-def _in_process_core(llm: Any) -> bool:
-    """Whether vLLM's engine core runs in this process, so that it samples only when the engine thread steps it."""
-    return getattr(llm.llm_engine.engine_core, "engine_core", None) is not None  # set by the in-process client
-
-
 def _in_process_worker(llm: Any) -> bool:
     """Whether the model worker runs in this process (so tensors can be handed over as they are)."""
-    if not _in_process_core(llm):
+    if not in_process_core(llm):
         return False
     executor = getattr(llm.llm_engine.engine_core.engine_core, "model_executor", None)
     return executor is not None and hasattr(executor, "driver_worker")
-
-
-def _shutdown(llm: Any) -> None:
-    """Stop the engine core (and its processes, if any) and drop the LLM's memory."""
-    core = llm.llm_engine.engine_core
-    core.shutdown()
-    del llm
-    gc.collect()
 
 
 @contextlib.contextmanager

@@ -11,7 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
-from skyrl_train.inference.local import EngineClosedError, LocalEngine, _Request, _Sampler
+from skyrl_train.inference.local import EngineClosedError, LocalEngine
+from skyrl_train.inference.local_batch import Request
+from skyrl_train.inference.sampling import Sampler
 
 MakeEngine = Callable[..., LocalEngine]
 
@@ -44,8 +46,8 @@ def test_samples_follow_the_distribution(seeded: bool) -> None:
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     rows, draws = 8, 500
     params = SamplingParams(temperature=1.0)
-    requests = [_Request([1], params, (100 + i) if seeded else None, None) for i in range(rows)]  # type: ignore[arg-type]
-    sampler = _Sampler(requests, torch.device("cpu"), torch.Generator().manual_seed(0))
+    requests = [Request([1], params, (100 + i) if seeded else None, None) for i in range(rows)]  # type: ignore[arg-type]
+    sampler = Sampler(requests, torch.device("cpu"), torch.Generator().manual_seed(0))
     logits = probs.log().expand(rows, -1)
     counts = torch.zeros(4)
     for _ in range(draws):
