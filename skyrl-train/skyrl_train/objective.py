@@ -17,7 +17,7 @@ from skyrl_train.algorithms import entropy_bonus, get_policy_loss, kl_loss, loss
 from skyrl_train.algorithms.kl import KLEstimatorName
 from skyrl_train.algorithms.policy_losses import PolicyLossConfig
 from skyrl_train.algorithms.reductions import LossReduction
-from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
+from skyrl_train.backends.base import LossFn, LossMetrics, ModelOutput, TrainingBatch
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,12 @@ def make_loss_fn(objective: Objective) -> LossFn:
     """The closure ``(model_output, micro_batch) -> (loss, metrics)`` for ``objective``.
 
     The micro-batch must carry ``old_log_probs``, ``advantages`` and ``token_weights`` (and ``ref_log_probs``
-    with a KL loss; ``rollout_log_probs`` is used for off-policy correction when present).
+    with a KL loss; ``rollout_log_probs`` is used for off-policy correction when present). Its metrics are
+    detached 0-dim tensors (``LossMetrics``), so a micro-batch's loss reads nothing back to the host.
     """
     policy_loss = get_policy_loss(objective.policy_loss_type)
 
-    def loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, LossMetrics]:
         t = batch.tensors
         weights = t["token_weights"]
         policy_weights, stale_metrics = _fresh_token_weights(weights, batch, objective)
@@ -93,7 +94,7 @@ def make_loss_fn(objective: Objective) -> LossFn:
             token_weights=policy_weights,
         )
         metrics = {f"policy/{k}": v for k, v in {**metrics, **stale_metrics}.items()}
-        metrics["policy/pg_loss"] = loss.item()
+        metrics["policy/pg_loss"] = loss.detach()
         if objective.use_kl_loss:
             kl, kl_metrics = kl_loss(
                 output.log_probs,
@@ -110,7 +111,7 @@ def make_loss_fn(objective: Objective) -> LossFn:
             loss = loss + entropy_bonus(
                 output.entropy, batch.response_mask, objective.entropy_coef, token_weights=weights
             )
-            metrics["policy/entropy"] = masked_mean(output.entropy.detach(), batch.response_mask).item()
+            metrics["policy/entropy"] = masked_mean(output.entropy.detach(), batch.response_mask)
         return loss, metrics
 
     return loss_fn
@@ -123,7 +124,7 @@ the engine gave no version); the trainer fills it from ``tensors["policy_version
 
 def _fresh_token_weights(
     weights: torch.Tensor, batch: TrainingBatch, objective: Objective
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """The policy term's token weights with tokens staler than ``off_policy.max_token_staleness`` set to 0.
 
     Zeroing weights (not the loss mask) keeps the reduction's normaliser, as the other off-policy corrections do,
@@ -134,7 +135,7 @@ def _fresh_token_weights(
     if limit is None or staleness is None:
         return weights, {}
     fresh = (staleness <= limit).to(weights.dtype)
-    stale_frac = masked_mean(1.0 - fresh, batch.response_mask).item()
+    stale_frac = masked_mean(1.0 - fresh, batch.response_mask)
     return weights * fresh, {"off_policy/stale_token_frac": stale_frac}
 
 
@@ -143,10 +144,10 @@ def make_value_loss_fn(value_clip: float | None) -> LossFn:
 
     The micro-batch must carry ``values`` (the critic's predictions when the batch was collected), ``returns``
     and ``value_token_weights``. ``value_clip`` is ``ε_v`` of :func:`~skyrl_train.algorithms.value_loss`; None
-    disables clipping. Metrics: ``critic/vf_clip_frac`` and ``critic/values_mean``.
+    disables clipping. Metrics (detached 0-dim tensors): ``critic/vf_clip_frac`` and ``critic/values_mean``.
     """
 
-    def loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(output: ModelOutput, batch: TrainingBatch) -> tuple[torch.Tensor, LossMetrics]:
         if output.values is None:
             raise ValueError("the critic backend returned no values: build the critic as a CriticBackend")
         t = batch.tensors

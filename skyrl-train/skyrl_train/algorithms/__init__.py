@@ -73,6 +73,7 @@ from skyrl_train.algorithms.policy_losses import (
 )
 from skyrl_train.algorithms.reductions import (
     LOSS_REDUCTIONS,
+    LossMetrics,
     LossReduction,
     loss_weights,
     masked_mean,
@@ -97,6 +98,7 @@ __all__ = [
     "FixedKLController",
     "KLController",
     "KLCovConfig",
+    "LossMetrics",
     "LossReduction",
     "OffPolicyCorrectionConfig",
     "PolicyLoss",

@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from skyrl_train.algorithms.reductions import LossReduction, masked_mean, reduce_loss
+from skyrl_train.algorithms.reductions import LossMetrics, LossReduction, masked_mean, reduce_loss
 
 KLEstimatorName = Literal["k1", "k2", "k3", "abs"]
 
@@ -75,18 +75,18 @@ def kl_loss(
     *,
     token_weights: torch.Tensor | None = None,
     max_seq_len: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """The KL-to-reference loss term (GRPO's ``β·KL``, DeepSeekMath arXiv 2402.03300); multiply by ``kl_loss_coef``.
 
     Gradients flow through ``log_probs``. By default the per-token KL is averaged within each sequence and then over
     sequences; ``token_weights`` (from ``loss_weights``) override ``reduction``.
 
     Returns:
-        ``(loss, {"kl": mean per-token KL over valid tokens})``; the loss is a 0-dim tensor.
+        ``(loss, {"kl": mean per-token KL over valid tokens})``, both 0-dim tensors (the metric detached).
     """
     kl = approx_kl(log_probs, ref_log_probs, estimator)
     loss = reduce_loss(kl, loss_mask, reduction, token_weights=token_weights, max_seq_len=max_seq_len)
-    return loss, {"kl": masked_mean(kl.detach(), loss_mask).item()}
+    return loss, {"kl": masked_mean(kl.detach(), loss_mask)}
 
 
 def apply_kl_penalty(
@@ -109,7 +109,8 @@ def apply_kl_penalty(
 
     Returns:
         ``(rewards, {"kl": mean over sequences of each sequence's summed KL})``; rewards are ``[B, T]`` float.
-        Feed the ``kl`` metric to ``KLController.update``.
+        Feed the ``kl`` metric to ``KLController.update``; it is a float, read on the host once per batch, since
+        the controller's next coefficient depends on it.
     """
     kl = approx_kl(log_probs.detach(), ref_log_probs.detach(), estimator) * loss_mask
     sequence_kl = kl.sum(-1).mean()

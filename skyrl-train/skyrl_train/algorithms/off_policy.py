@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from skyrl_train.algorithms.reductions import masked_mean
+from skyrl_train.algorithms.reductions import LossMetrics, masked_mean
 
 TISRatioType = Literal["token", "sequence"]
 SequenceMaskMetric = Literal["geometric", "product"]
@@ -112,8 +112,10 @@ def apply_off_policy_correction(
     config: OffPolicyCorrectionConfig,
     *,
     tis: bool = True,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Weight and mask a per-token loss ``[B, T]`` as ``config`` says; returns it with ``off_policy/*`` metrics.
+
+    The metrics are detached 0-dim tensors (see ``LossMetrics``).
 
     ``tis=False`` applies the sequence and outlier masks only, not the TIS weight: for a loss whose ratio is
     already taken against the rollout log-probs (CISPO's ``rollout`` anchor), which is the IS correction itself.
@@ -126,20 +128,20 @@ def apply_off_policy_correction(
     if rollout_log_probs is None:
         raise ValueError("off-policy correction is configured but no rollout_log_probs were given")
     log_ratio = old_log_probs - rollout_log_probs
-    metrics = {"off_policy/is_ratio_mean": masked_mean(log_ratio.detach().exp(), loss_mask).item()}
+    metrics: LossMetrics = {"off_policy/is_ratio_mean": masked_mean(log_ratio.detach().exp(), loss_mask)}
     if tis and config.tis_ratio_type is not None:
         token = config.tis_ratio_type == "token"
         clip_high = config.token_tis_ratio_clip_high if token else config.sequence_tis_ratio_clip_high
         weights = truncated_is_weights(log_ratio, loss_mask, config.tis_ratio_type, clip_high)
         token_loss = token_loss * weights
-        metrics["off_policy/tis_weight_mean"] = masked_mean(weights, loss_mask).item()
+        metrics["off_policy/tis_weight_mean"] = masked_mean(weights, loss_mask)
         untruncated = truncated_is_weights(log_ratio, loss_mask, config.tis_ratio_type, math.inf)
-        metrics["off_policy/tis_clip_frac"] = masked_mean((untruncated > clip_high).float(), loss_mask).item()
+        metrics["off_policy/tis_clip_frac"] = masked_mean((untruncated > clip_high).float(), loss_mask)
     keep = _kept_sequences(log_ratio, loss_mask, config)
     if keep is not None:
         has_tokens = loss_mask.bool().any(-1)
         token_loss = torch.where(keep.unsqueeze(-1), token_loss, torch.zeros_like(token_loss))
-        metrics["off_policy/seq_masked_frac"] = masked_mean((~keep).float(), has_tokens.float()).item()
+        metrics["off_policy/seq_masked_frac"] = masked_mean((~keep).float(), has_tokens.float())
     return token_loss, metrics
 
 

@@ -10,8 +10,8 @@ Every loss has the same signature (``PolicyLoss``) and is registered by name; ad
 - ``rollout_log_probs``: ``[B, T]`` float logprobs reported by the inference engine, for off-policy correction.
 - ``token_weights``: ``[B, T]`` float weights from ``loss_weights``; when given they replace
   ``config.loss_reduction`` (use them to normalise over a whole mini-batch or for ``prompt_mean``).
-- Returns ``(loss, metrics)``: a 0-dim tensor to minimise and a dict of floats (``clip_frac``, ``approx_kl``, ratio
-  statistics, ``off_policy/*``).
+- Returns ``(loss, metrics)``: a 0-dim tensor to minimise and ``LossMetrics`` (``clip_frac``, ``approx_kl``, ratio
+  statistics, ``off_policy/*``), each a detached 0-dim tensor: nothing is read back to the host.
 
 Notation follows the papers: ``r_t = π_θ(y_t) / π_old(y_t)`` is the importance ratio and ``Â_t`` the advantage.
 """
@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 import torch
 
 from skyrl_train.algorithms.off_policy import OffPolicyCorrectionConfig, apply_off_policy_correction
-from skyrl_train.algorithms.reductions import LossReduction, masked_mean, reduce_loss
+from skyrl_train.algorithms.reductions import LossMetrics, LossReduction, masked_mean, reduce_loss
 from skyrl_train.algorithms.registry import Registry
 
 
@@ -92,7 +92,7 @@ class PolicyLoss(Protocol):
         rollout_log_probs: torch.Tensor | None = None,
         *,
         token_weights: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, LossMetrics]:
         """Return ``(loss, metrics)`` for one batch of tokens."""
         ...
 
@@ -121,14 +121,14 @@ def ppo_clip_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """PPO clipped surrogate (Schulman et al., arXiv 1707.06347, eq. 7) with DAPO's decoupled clip range.
 
     ``L_t = −min(r_t Â_t, clip(r_t, 1 − ε_low, 1 + ε_high) Â_t)``. Separate ``eps_clip_low`` / ``eps_clip_high``
     are DAPO's clip-higher (Yu et al., arXiv 2503.14476): a larger ε_high lets unlikely tokens with positive
     advantage grow, which keeps entropy from collapsing.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs, loss_mask)
     token_loss, clipped = clipped_surrogate(log_ratio.exp(), advantages, config.eps_clip_low, config.eps_clip_high)
@@ -146,13 +146,13 @@ def dual_clip_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Dual-clip PPO (Ye et al., arXiv 1912.09729): PPO clip plus a bound for negative advantages.
 
     For ``Â_t < 0`` the PPO loss ``r_t |Â_t|`` grows without bound as ``r_t`` does; dual clip caps it:
     ``L_t = min(L_t^PPO, c·|Â_t|)`` with ``c = clip_ratio_c > 1``, so tokens with ``r_t > c`` get no gradient.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     if config.clip_ratio_c <= 1.0:
         raise ValueError(f"dual clip needs clip_ratio_c > 1, got {config.clip_ratio_c}")
@@ -179,7 +179,7 @@ def gspo_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Group Sequence Policy Optimization, GSPO-token form (Zheng et al., arXiv 2507.18071).
 
     The ratio is the sequence's length-normalised likelihood ratio ``s_i = exp(mean_t log r_t)``, applied per token as
@@ -187,7 +187,7 @@ def gspo_loss(
     token. The clipped surrogate then uses ``eps_clip_low/high`` (the paper's ranges are ~3e-4 / 4e-4, far tighter
     than token-level PPO). The paper averages per sequence: pair it with ``loss_reduction="sequence_mean"``.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     if config.loss_reduction != "sequence_mean":
         warnings.warn(
@@ -203,7 +203,7 @@ def gspo_loss(
     )
     metrics = {**_ratio_metrics(log_ratio, loss_mask), "clip_frac": _frac(clipped, loss_mask)}
     sequence_ratio = sequence_log_ratio.detach().exp().squeeze(-1)
-    metrics["sequence_ratio_mean"] = masked_mean(sequence_ratio, loss_mask.bool().any(-1)).item()
+    metrics["sequence_ratio_mean"] = masked_mean(sequence_ratio, loss_mask.bool().any(-1))
     return _correct_and_reduce(token_loss, old_log_probs, loss_mask, config, rollout_log_probs, token_weights, metrics)
 
 
@@ -217,7 +217,7 @@ def cispo_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585).
 
     ``L_t = −sg[clip(r_t, 1 − ε_low, 1 + ε_high)] · Â_t · log π_θ(y_t)``: the importance weight is clipped and
@@ -225,7 +225,7 @@ def cispo_loss(
     ratio is taken against ``rollout_log_probs``, which already corrects for the engine mismatch, so the configured
     TIS weight is not applied on top; the configured sequence and outlier masks still are.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     cispo = config.cispo
     anchor = old_log_probs
@@ -260,20 +260,20 @@ def sapo_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Soft Adaptive Policy Optimization (Gao et al., arXiv 2511.20347).
 
     Hard clipping is replaced by a sigmoid gate ``f(r_t) = σ(τ (r_t − 1)) · 4/τ`` with ``τ = τ_pos`` when
     ``Â_t > 0`` else ``τ_neg``; ``L_t = −f(r_t) Â_t``. At ``r_t = 1`` the gradient equals the policy gradient
     (``f'(1) = 1``) and it fades smoothly as the ratio drifts, faster for negative advantages.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs, loss_mask)
     tau = torch.where(advantages > 0, config.sapo.tau_pos, config.sapo.tau_neg).to(advantages.dtype)
     gate = torch.sigmoid(tau * (log_ratio.exp() - 1.0)) * (4.0 / tau)
     token_loss = -gate * advantages
-    metrics = {**_ratio_metrics(log_ratio, loss_mask), "gate_mean": masked_mean(gate.detach(), loss_mask).item()}
+    metrics = {**_ratio_metrics(log_ratio, loss_mask), "gate_mean": masked_mean(gate.detach(), loss_mask)}
     return _correct_and_reduce(token_loss, old_log_probs, loss_mask, config, rollout_log_probs, token_weights, metrics)
 
 
@@ -287,7 +287,7 @@ def clip_cov_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Clip-Cov (Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
 
     Entropy falls fastest through tokens whose log-probability and advantage covary strongly:
@@ -296,13 +296,14 @@ def clip_cov_loss(
     (at least one) are drawn at random, with torch's global generator, and removed from the loss. The rest is the PPO
     clipped surrogate.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs, loss_mask)
     token_loss, clipped = clipped_surrogate(log_ratio.exp(), advantages, config.eps_clip_low, config.eps_clip_high)
     cov = token_covariance(log_probs, advantages, loss_mask)
     settings = config.clip_cov
     candidates = loss_mask.bool() & ~clipped & (cov >= settings.clip_cov_lb) & (cov <= settings.clip_cov_ub)
+    # The number of tokens to detach sizes the random draw, so it is read on the host: one wait per call.
     num_detached = max(int(settings.clip_ratio * int(loss_mask.bool().sum())), 1)
     detached = _random_subset(candidates, num_detached)
     token_loss = torch.where(detached, torch.zeros_like(token_loss), token_loss)
@@ -324,18 +325,18 @@ def kl_cov_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """KL-Cov (Cui et al., arXiv 2505.22617): unclipped policy gradient plus a KL penalty on top-covariance tokens.
 
     ``L_t = −r_t Â_t`` for every token; the ``kl_cov_frac`` percent of valid tokens with the largest
     ``Cov_t`` (see ``clip_cov_loss``) add ``β·|log r_t|`` with ``β = ppo_kl_coef``.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs, loss_mask)
     token_loss = -log_ratio.exp() * advantages
     valid = loss_mask.bool()
-    num_valid = int(valid.sum())
+    num_valid = int(valid.sum())  # sizes topk, so it is read on the host: one wait per call
     k = min(max(int(num_valid * config.kl_cov.kl_cov_frac / 100), 1), num_valid)
     cov = token_covariance(log_probs, advantages, loss_mask).masked_fill(~valid, -torch.inf)
     penalised = torch.zeros_like(valid).flatten()
@@ -356,19 +357,19 @@ def cross_entropy_loss(
     rollout_log_probs: torch.Tensor | None = None,
     *,
     token_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Supervised fine-tuning: the negative log-likelihood ``L_t = −log π_θ(y_t)`` of the masked tokens.
 
     ``old_log_probs``, ``advantages`` and ``rollout_log_probs`` are ignored, so the SFT path runs through the same
     backend call as RL.
 
-    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, dict of float metrics.
+    Shapes: ``[B, T]`` float logprobs and advantages, ``[B, T]`` 0/1 mask → 0-dim loss, 0-dim tensor metrics.
     """
     token_loss = -log_probs
     loss = reduce_loss(
         token_loss, loss_mask, config.loss_reduction, token_weights=token_weights, max_seq_len=config.max_seq_len
     )
-    return loss, {"nll": masked_mean(token_loss.detach(), loss_mask).item()}
+    return loss, {"nll": masked_mean(token_loss.detach(), loss_mask)}
 
 
 def clipped_surrogate(
@@ -411,22 +412,36 @@ def _log_ratio(log_probs: torch.Tensor, anchor_log_probs: torch.Tensor, loss_mas
     return torch.where(loss_mask.bool(), delta, torch.zeros_like(log_probs))
 
 
-def _ratio_metrics(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
-    """``approx_kl`` (Schulman's k3 estimate of KL(π_old ‖ π_θ)) and statistics of ``r_t`` over valid tokens."""
+def _ratio_metrics(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> LossMetrics:
+    """``approx_kl`` (Schulman's k3 estimate of KL(π_old ‖ π_θ)) and statistics of ``r_t`` over valid tokens.
+
+    The extremes are 1 (no drift) when no token is valid.
+    """
     log_ratio = log_ratio.detach()
     ratio = log_ratio.exp()
     valid = loss_mask.bool()
-    selected = ratio[valid] if bool(valid.any()) else ratio.new_ones(1)
     return {
-        "approx_kl": masked_mean(ratio - 1.0 - log_ratio, loss_mask).item(),
-        "ratio_mean": masked_mean(ratio, loss_mask).item(),
-        "ratio_min": selected.min().item(),
-        "ratio_max": selected.max().item(),
+        "approx_kl": masked_mean(ratio - 1.0 - log_ratio, loss_mask),
+        "ratio_mean": masked_mean(ratio, loss_mask),
+        "ratio_min": _masked_extreme(ratio, valid, largest=False),
+        "ratio_max": _masked_extreme(ratio, valid, largest=True),
     }
 
 
-def _frac(flags: torch.Tensor, loss_mask: torch.Tensor) -> float:
-    return masked_mean(flags.float(), loss_mask).item()
+def _masked_extreme(values: torch.Tensor, valid: torch.Tensor, *, largest: bool) -> torch.Tensor:
+    """The largest (or smallest) of ``values`` where ``valid``, 1 where nothing is; a 0-dim tensor.
+
+    Taken under a mask, not over ``values[valid]``: selecting would read the number of valid tokens on the host.
+    """
+    if values.numel() == 0:  # a shape, known on the host
+        return values.new_ones(())
+    fill = -torch.inf if largest else torch.inf
+    masked = values.masked_fill(~valid, fill)
+    return (masked.amax() if largest else masked.amin()).masked_fill(~valid.any(), 1.0)
+
+
+def _frac(flags: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    return masked_mean(flags.float(), loss_mask)
 
 
 def _random_subset(candidates: torch.Tensor, k: int) -> torch.Tensor:
@@ -445,9 +460,9 @@ def _correct_and_reduce(
     config: PolicyLossConfig,
     rollout_log_probs: torch.Tensor | None,
     token_weights: torch.Tensor | None,
-    metrics: dict[str, float],
+    metrics: LossMetrics,
     tis: bool = True,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """The shared tail of the RL losses: off-policy correction (its TIS weight only if ``tis``), the reduction."""
     token_loss, correction_metrics = apply_off_policy_correction(
         token_loss, old_log_probs, rollout_log_probs, loss_mask, config.off_policy_correction, tis=tis

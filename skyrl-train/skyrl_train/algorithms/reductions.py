@@ -17,6 +17,13 @@ import torch
 LossReduction = Literal["token_mean", "sequence_mean", "seq_mean_token_sum_norm", "prompt_mean"]
 LOSS_REDUCTIONS: tuple[str, ...] = get_args(LossReduction)
 
+LossMetrics = dict[str, torch.Tensor | float]
+"""A loss's metrics by name: detached 0-dim tensors on the loss's device, or plain floats.
+
+The losses here return tensors: reading a GPU value into Python waits for every kernel queued before it, so the
+backend reads all micro-batches' metrics at once, after the last one (``TrainingBackend.forward_backward``).
+"""
+
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sum of ``x`` where ``mask`` is set; over all elements, or along ``dim``."""

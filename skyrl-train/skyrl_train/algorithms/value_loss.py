@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from skyrl_train.algorithms.reductions import LossReduction, masked_mean, reduce_loss
+from skyrl_train.algorithms.reductions import LossMetrics, LossReduction, masked_mean, reduce_loss
 
 
 def value_loss(
@@ -17,7 +17,7 @@ def value_loss(
     *,
     token_weights: torch.Tensor | None = None,
     max_seq_len: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossMetrics]:
     """Clipped value loss (PPO, arXiv 1707.06347, as in its reference implementation).
 
     ``V_clip = V_old + clip(V − V_old, −ε_v, ε_v)``; ``L_t = ½ max((V − R)², (V_clip − R)²)``: the critic may not
@@ -35,7 +35,7 @@ def value_loss(
         max_seq_len: for ``seq_mean_token_sum_norm``.
 
     Returns:
-        ``(loss, {"vf_clip_frac", "values_mean"})``; the loss is a 0-dim tensor.
+        ``(loss, {"vf_clip_frac", "values_mean"})``, all 0-dim tensors (the metrics detached).
     """
     unclipped = (values - returns) ** 2
     if value_clip is None:
@@ -45,9 +45,9 @@ def value_loss(
         clipped_error = (clipped_values - returns) ** 2
         token_loss, clipped = torch.maximum(unclipped, clipped_error), clipped_error > unclipped
     loss = 0.5 * reduce_loss(token_loss, loss_mask, reduction, token_weights=token_weights, max_seq_len=max_seq_len)
-    metrics = {
-        "vf_clip_frac": masked_mean(clipped.float(), loss_mask).item(),
-        "values_mean": masked_mean(values.detach(), loss_mask).item(),
+    metrics: LossMetrics = {
+        "vf_clip_frac": masked_mean(clipped.float(), loss_mask),
+        "values_mean": masked_mean(values.detach(), loss_mask),
     }
     return loss, metrics
 

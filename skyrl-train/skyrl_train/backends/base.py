@@ -19,6 +19,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+# Defined beside the losses that produce it (algorithms/ imports nothing from backends/); re-exported with LossFn.
+from skyrl_train.algorithms.reductions import LossMetrics as LossMetrics
+
 
 @dataclass
 class TrainingBatch:
@@ -80,7 +83,7 @@ def concat_batches(first: TrainingBatch, second: TrainingBatch) -> TrainingBatch
     )
 
 
-LossFn = Callable[[ModelOutput, TrainingBatch], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[[ModelOutput, TrainingBatch], tuple[torch.Tensor, LossMetrics]]
 """``loss_fn(model_output, micro_batch) -> (loss, metrics)``.
 
 The loss must already be scaled for accumulation (e.g. through ``token_weights`` computed over the whole
@@ -88,6 +91,10 @@ mini-batch), so the backend simply sums the gradients of the micro-batch losses.
 ``_loss`` are such shares too (e.g. ``policy/pg_loss``, the policy-loss part of ``loss``): the backend sums them
 over micro-batches, as it sums ``loss``. Every other metric is a mean over the micro-batch's tokens; the backend
 averages it over micro-batches weighted by their ``response_mask`` tokens.
+
+Metrics should be detached 0-dim tensors (``LossMetrics``; floats are accepted): the backend reads them back to
+the host together after the last micro-batch, so a loss that reads a device value itself (``.item()``,
+``float(t)``, ``if t:``) makes the host wait for the GPU once per micro-batch. ``forward_backward`` returns floats.
 """
 
 

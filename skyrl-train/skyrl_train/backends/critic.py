@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from skyrl_train.backends.base import ModelOutput, TrainingBatch
+from skyrl_train.backends.base import ModelOutput
+from skyrl_train.backends.packing import ModelInputs
 from skyrl_train.backends.torch_backend import TorchBackend, check_model_path
 
 VALUE_HEAD = "score"  # the head's module name in Hugging Face token-classification models
@@ -41,11 +42,10 @@ class CriticBackend(TorchBackend):
     def _extra_trainable_modules(self) -> Sequence[str]:
         return (VALUE_HEAD,)
 
-    def _micro_output(self, micro_batch: TrainingBatch, temperature: float, with_entropy: bool) -> ModelOutput:
-        """Values ``[b, T]`` (float32, 0 on padding) of one micro-batch already on the device."""
+    def _micro_output(self, inputs: ModelInputs, temperature: float, with_entropy: bool) -> ModelOutput:
+        """Values ``[b, T]`` (float32, 0 on padding) of one micro-batch laid out on the device."""
         if with_entropy:
             raise ValueError("a critic has no token distribution: call it with with_entropy=False")
-        inputs = self._inputs(micro_batch)
         with self._compute_context():
             scores = self.model(**inputs.model_kwargs()).logits  # [R, N, 1]
         values = inputs.scatter(scores[inputs.rows, inputs.cols, 0].float())

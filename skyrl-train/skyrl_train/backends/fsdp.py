@@ -3,7 +3,8 @@
 A worker is :class:`~skyrl_train.backends.torch_backend.TorchBackend` (or the critic) whose model goes through
 ``fully_shard`` once per decoder layer and once at the root, so parameters, gradients and AdamW moments are split
 across the ranks of the default ``torch.distributed`` process group (gloo on CPU, NCCL on GPU). Everything else is
-the in-process code: micro-batching, losses, clipping, the scheduler. The group's driver
+the in-process code: micro-batching, losses, metrics, clipping, the scheduler, and the optimizer's offload (each
+sharded moment's local shard goes to a page-locked host buffer reused from one offload to the next). The group's driver
 (:class:`skyrl_train.backends.ray_group.FSDPBackend`) gives every rank an equal share of a batch's rows.
 
 Gradients. The loss function scales each micro-batch loss by token weights computed over the whole mini-batch, so
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch, concat_batches
+from skyrl_train.backends.base import LossFn, LossMetrics, ModelOutput, TrainingBatch, concat_batches
 from skyrl_train.backends.config import BackendConfig
 from skyrl_train.backends.critic import CriticBackend
 from skyrl_train.backends.lora import unwrap
@@ -115,7 +116,7 @@ class FSDPWorker(TorchBackend):
         """This rank's share of the batch; ``loss`` is this rank's share of the batch loss (unscaled)."""
         world = dist.get_world_size()
 
-        def scaled(output: ModelOutput, micro: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        def scaled(output: ModelOutput, micro: TrainingBatch) -> tuple[torch.Tensor, LossMetrics]:
             loss, metrics = loss_fn(output, micro)
             return loss * world, metrics
 

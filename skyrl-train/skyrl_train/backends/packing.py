@@ -20,6 +20,7 @@ to the ``[b, T]`` response grid. Response positions that are padding, or whose p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,8 @@ class ModelInputs:
     """How one micro-batch is fed to the model and where its response predictions come out.
 
     ``K`` is the number of response positions with a prediction (``valid.sum()``), in row-major ``(b, t)`` order.
+    Laying out reads row lengths into Python (shapes depend on them), so a backend lays micro-batches out on the
+    host and moves the result with :meth:`to`: on a GPU, laying out there would wait for the queued kernels.
     """
 
     input_ids: torch.Tensor  # [R, N] int64: R = b (padded) or 1 (packed)
@@ -85,6 +88,25 @@ class ModelInputs:
         """Place ``[K]`` per-token values on the ``[b, T]`` response grid, 0 elsewhere (differentiable)."""
         grid = values.new_zeros(self.valid.shape)
         return grid.masked_scatter(self.valid, values)
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> ModelInputs:
+        """The same layout on ``device`` (``non_blocking``: an asynchronous copy from pinned host memory)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin(self) -> ModelInputs:
+        """The same layout in page-locked host memory, so a copy to a GPU runs asynchronously."""
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelInputs:
+        mask = self.attention_mask
+        return ModelInputs(
+            input_ids=fn(self.input_ids),
+            position_ids=fn(self.position_ids),
+            attention_mask=None if mask is None else fn(mask),
+            rows=fn(self.rows),
+            cols=fn(self.cols),
+            valid=fn(self.valid),
+        )
 
 
 def model_inputs(

@@ -12,8 +12,10 @@ sent to every rank at once::
                                  (skyrl_train.inference.broadcast_sync)
     save / load                  a sharded torch.distributed.checkpoint plus rank 0's scheduler and step
 
-Metrics combine as one process would: losses and ``*_loss`` shares are summed over ranks, the other metrics
-averaged weighted by each rank's trained tokens (see ``backends.base.LossFn``).
+Metrics combine as one process would, through the in-process backend's rule
+(:func:`skyrl_train.backends.metrics.combine_metrics`): each rank returns floats (read once, after its last
+micro-batch); the driver sums losses and ``*_loss`` shares over ranks and averages the other metrics weighted by
+each rank's trained tokens (see ``backends.base.LossFn``).
 
 Ray must be initialised by the caller (``ray.init()`` starts a local cluster, ``ray.init(address=...)`` joins one;
 ``skyrl_train.ray_cluster.ensure_ray`` does it for a run); the group asks for ``num_cpus_per_worker`` CPUs and
@@ -38,7 +40,7 @@ import torch
 from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
 from skyrl_train.backends.config import BackendConfig
 from skyrl_train.backends.fsdp import check_worker_config
-from skyrl_train.backends.torch_backend import combine_metrics
+from skyrl_train.backends.metrics import combine_metrics
 from skyrl_train.devices import require_device
 from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddress, TensorSpec
 
@@ -127,7 +129,7 @@ class _Worker:
         return getattr(self.backend, method)(*args, **kwargs)
 
     def forward_backward(self, batch: TrainingBatch, loss_fn: LossFn, kwargs: dict[str, Any]) -> tuple[float, Any]:
-        """Stats, and this share's trained tokens (the weight of its metrics)."""
+        """Stats, and this share's trained tokens (the weight of its metrics; counted on the host, as Ray sent it)."""
         return float(batch.response_mask.sum()), self.backend.forward_backward(batch, loss_fn, **kwargs)
 
     def join_broadcast(self, address: GroupAddress) -> None:

@@ -7,7 +7,9 @@ Micro-batching: a batch is cut into micro-batches of ``micro_*_batch_size`` rows
 (``max_tokens_per_microbatch``); each is laid out padded or packed (:mod:`skyrl_train.backends.packing`). In
 ``forward_backward`` each micro-batch's loss is back-propagated right after its forward pass (so one micro-batch's
 activations are alive at a time) and the gradients add up in ``.grad``: the loss function scales its losses for
-accumulation, so nothing here divides by the number of micro-batches.
+accumulation, so nothing here divides by the number of micro-batches. Nothing is read back to the host between
+micro-batches (a read waits for the GPU to finish what is queued): layouts are computed on the host before the loop,
+and losses, token counts and metrics are read together after it (:mod:`skyrl_train.backends.metrics`).
 
 Extensions of the protocol (all keyword arguments with defaults, so callers of the protocol are unaffected):
 ``forward(..., with_entropy=False)``, :meth:`TorchBackend.export_hf`, and ``global_step``.
@@ -43,9 +45,10 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from skyrl_train.algorithms.entropy import entropy_from_logits
-from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
+from skyrl_train.backends.base import LossFn, LossMetrics, ModelOutput, TrainingBatch
 from skyrl_train.backends.config import BackendConfig, OptimizerConfig
 from skyrl_train.backends.lora import apply_lora, merged_weights, unwrap
+from skyrl_train.backends.metrics import combine_metrics
 from skyrl_train.backends.packing import (
     ModelInputs,
     model_inputs,
@@ -60,11 +63,13 @@ from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.devices import PeakMemory, require_device
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
     from transformers import PreTrainedModel
 
 B = TypeVar("B", bound="TorchBackend")
 P = ParamSpec("P")
 T = TypeVar("T")
+Movable = TypeVar("Movable", TrainingBatch, ModelInputs)
 
 
 def _on_compute_thread(method: Callable[Concatenate[B, P], T]) -> Callable[Concatenate[B, P], T]:
@@ -139,13 +144,12 @@ class TorchBackend:
         """Submodules trained in full even with LoRA (none for a policy)."""
         return ()
 
-    def _micro_output(self, micro_batch: TrainingBatch, temperature: float, with_entropy: bool) -> ModelOutput:
-        """Log-probs ``[b, T]`` (and entropy ``[b, T]``) of one micro-batch already on the device.
+    def _micro_output(self, inputs: ModelInputs, temperature: float, with_entropy: bool) -> ModelOutput:
+        """Log-probs ``[b, T]`` (and entropy ``[b, T]``) of one micro-batch laid out on the device.
 
         With a plain output head the vocabulary logits exist a chunk of positions at a time
         (:mod:`~skyrl_train.backends.token_stats`); otherwise the ``[K, V]`` logits are computed whole.
         """
-        inputs = self._inputs(micro_batch)
         keep, rows, cols = inputs.logits_to_keep()
         targets = inputs.targets()
         with self._compute_context():
@@ -180,13 +184,16 @@ class TorchBackend:
         """Forward passes run under the precision policy's autocast (an FSDP2 rank casts through its sharding)."""
         return self.precision.autocast(self.device)
 
-    def _inputs(self, micro_batch: TrainingBatch) -> ModelInputs:
-        return model_inputs(
-            micro_batch.input_ids,
-            micro_batch.attention_mask,
-            micro_batch.response_length,
-            packed=self.config.remove_padding,
-        )
+    def _layouts(self, batch: TrainingBatch, slices: list[slice]) -> list[ModelInputs]:
+        """Each micro-batch's layout, computed where ``batch`` is and then moved to the model's device.
+
+        Laying out reads row lengths into Python: on the host (where the trainer keeps its batches) that waits for
+        nothing, so the micro-batch loop that follows reads nothing back.
+        """
+        packed = self.config.remove_padding
+        micro_batches = [batch.select(rows) for rows in slices]
+        layouts = [model_inputs(m.input_ids, m.attention_mask, m.response_length, packed=packed) for m in micro_batches]
+        return [self._to_device(layout) for layout in layouts]
 
     # --- the TrainingBackend protocol ---
 
@@ -202,8 +209,7 @@ class TorchBackend:
         self.model.eval()
         cut, slices = self._plan(batch, self.config.micro_forward_batch_size)
         with self.memory.measure():
-            on_device = self._to_device(cut)  # one copy for the whole batch, not one per micro-batch
-            outputs = [self._micro_output(on_device.select(s), temperature, with_entropy) for s in slices]
+            outputs = [self._micro_output(inputs, temperature, with_entropy) for inputs in self._layouts(cut, slices)]
             return _concat_outputs(outputs, batch.input_ids.device, rows=len(batch))
 
     @_on_compute_thread
@@ -212,30 +218,28 @@ class TorchBackend:
     ) -> dict[str, float]:
         """Add the gradients of ``loss_fn`` over the batch's micro-batches to the parameters' ``.grad``.
 
-        Returns the loss function's metrics combined over micro-batches as ``LossFn`` says (``*_loss`` shares
-        summed, the rest weighted by ``response_mask`` tokens), and ``loss``: the sum of the micro-batch losses
-        (they are pre-scaled, so the sum is the batch loss). The last micro-batch may be short: pre-scaled losses
-        do not depend on how the rows are cut (a batch of step-wise rows has any number of rows).
+        Returns floats, read after the last micro-batch: the loss function's metrics combined as ``LossFn`` says
+        (``*_loss`` shares summed, the rest weighted by ``response_mask`` tokens), and ``loss``: the sum of the
+        micro-batch losses (pre-scaled, so the sum is the batch loss). The last micro-batch may be short:
+        pre-scaled losses do not depend on how the rows are cut (a batch of step-wise rows has any number of rows).
         """
         _check_call(batch, temperature)
-        size = self.config.micro_train_batch_size
         self.model.train()
-        batch, slices = self._plan(batch, size)
-        # Token counts and the summed loss stay on the device until the end: no host sync between micro-batches
-        # for them (a loss function's own metrics are its business).
-        tokens = [float(batch.response_mask[rows].sum()) for rows in slices]
+        batch, slices = self._plan(batch, self.config.micro_train_batch_size)
+        # Counted where the caller keeps the batch (the host, for the trainer), read with the metrics at the end.
+        counts = [batch.response_mask[rows].sum() for rows in slices]
+        weighted: list[tuple[torch.Tensor | float, LossMetrics]] = []
         losses: list[torch.Tensor] = []
-        weighted = []
         with self.memory.measure():
+            layouts = self._layouts(batch, slices)
             on_device = self._to_device(batch)
-            for rows, count in zip(slices, tokens, strict=True):
+            for rows, inputs, count in zip(slices, layouts, counts, strict=True):
                 micro_batch = on_device.select(rows)
-                loss, metrics = loss_fn(self._micro_output(micro_batch, temperature, with_entropy), micro_batch)
+                loss, metrics = loss_fn(self._micro_output(inputs, temperature, with_entropy), micro_batch)
                 torch.autograd.backward(loss)
                 losses.append(loss.detach())
                 weighted.append((count, metrics))
-            total_loss = float(torch.stack(losses).sum()) if losses else 0.0
-        return {**combine_metrics(weighted), "loss": total_loss}
+            return combine_metrics(weighted, totals={"loss": torch.stack(losses).sum()})
 
     @_on_compute_thread
     def optim_step(self) -> dict[str, float]:
@@ -363,11 +367,11 @@ class TorchBackend:
         """Peak device memory of this backend's calls since the last time it was asked (0 on a CPU)."""
         return self.memory.take()
 
-    def _to_device(self, batch: TrainingBatch) -> TrainingBatch:
-        """``batch`` on the model's device; from pinned host memory when going to a GPU (an asynchronous copy)."""
-        if self.device.type == "cuda" and batch.input_ids.device.type == "cpu":
-            return batch.pin().to(self.device, non_blocking=True)
-        return batch.to(self.device)
+    def _to_device(self, tensors: Movable) -> Movable:
+        """A batch or layout on the model's device; from pinned host memory when going to a GPU (asynchronously)."""
+        if self.device.type == "cuda" and tensors.input_ids.device.type == "cpu":
+            return tensors.pin().to(self.device, non_blocking=True)
+        return tensors.to(self.device)
 
     def _plan(self, batch: TrainingBatch, rows_per_micro_batch: int) -> tuple[TrainingBatch, list[slice]]:
         """The batch to cut and its micro-batches (an FSDP rank may append fully masked rows; see ``backends.fsdp``)."""
@@ -477,10 +481,10 @@ def move_optimizer_state(
     """Move every per-parameter state tensor of ``optimizer`` to ``device``, in place, except scalar ones.
 
     Scalars (AdamW's ``step``) stay where the optimizer keeps them: on the host unless it is capturable or fused,
-    and it refuses a ``step`` on the GPU otherwise. With ``host_buffers``, GPU tensors go to the host into
-    page-locked buffers kept there for the next offload (a copy from the GPU into pageable memory runs at a tenth of
-    the bus's speed, and allocating pinned memory anew each time costs as much again); the way back copies from
-    them asynchronously.
+    and it refuses a ``step`` on the GPU otherwise. With ``host_buffers``, GPU tensors (the local shards of sharded
+    ones: an FSDP2 rank offloads the same way) go to the host into page-locked buffers kept there for the next
+    offload (a copy from the GPU into pageable memory runs at a tenth of the bus's speed, and allocating pinned
+    memory anew each time costs as much again); the way back copies from them asynchronously.
     """
     for state in optimizer.state.values():
         for key, value in state.items():
@@ -494,37 +498,40 @@ def move_optimizer_state(
 def _moved(
     value: torch.Tensor, device: torch.device, host_buffers: HostBuffers | None, slot: tuple[int, str]
 ) -> torch.Tensor:
-    to_host = device.type == "cpu" and value.device.type == "cuda"
-    # Sharded (DTensor) moments keep the plain move: their host copy must stay a DTensor.
-    if not to_host or host_buffers is None or type(value) is not torch.Tensor:
+    if host_buffers is None or device.type != "cpu" or value.device.type != "cuda":
         return value.to(device, non_blocking=device.type == "cpu" or value.is_pinned())
-    buffer = host_buffers.get(slot)
-    if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-        buffer = host_buffers[slot] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-    return buffer.copy_(value, non_blocking=True)
+    return _to_host(value, host_buffers, slot)
 
 
-def combine_metrics(weighted: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """Micro-batch metrics → the batch's: ``*_loss`` shares summed, the rest weighted by token counts.
+def _to_host(value: torch.Tensor, host_buffers: HostBuffers, slot: tuple[int, str]) -> torch.Tensor:
+    """``value`` copied asynchronously into ``host_buffers[slot]``, a host buffer reused while shape and dtype match.
 
-    A token-weighted mean of loss shares would come out too small by about the number of micro-batches (each
-    share is already scaled by the whole batch's token count). Means are uniform when every count is 0.
+    The buffer is made on first use, page-locked when ``value`` is on a GPU. A sharded moment (a DTensor, on an
+    FSDP2 rank) copies its local shard and comes back a DTensor over the same mesh and placements, as the optimizer
+    expects it on reload.
     """
-    if not weighted:
-        return {}
-    if sum(w for w, _ in weighted) <= 0:
-        weighted = [(1.0, metrics) for _, metrics in weighted]
-    totals: dict[str, float] = {}
-    weights: dict[str, float] = {}
-    for weight, metrics in weighted:
-        for name, value in metrics.items():
-            additive = name.endswith("_loss")
-            totals[name] = totals.get(name, 0.0) + (1.0 if additive else weight) * float(value)
-            weights[name] = weights.get(name, 0.0) + weight
-    return {
-        name: total if name.endswith("_loss") else (total / weights[name] if weights[name] > 0 else 0.0)
-        for name, total in totals.items()
-    }
+    sharded = _as_dtensor(value)
+    local = value if sharded is None else sharded.to_local()
+    buffer = host_buffers.get(slot)
+    if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+        buffer = host_buffers[slot] = torch.empty(local.shape, dtype=local.dtype, pin_memory=local.is_cuda)
+    buffer.copy_(local, non_blocking=True)
+    if sharded is None:
+        return buffer
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        buffer, sharded.device_mesh, sharded.placements, run_check=False, shape=sharded.shape, stride=sharded.stride()
+    )
+
+
+def _as_dtensor(value: torch.Tensor) -> DTensor | None:
+    """``value`` as a DTensor when it is one (imported only then: a plain tensor needs no torch.distributed)."""
+    if type(value) is torch.Tensor:
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return value if isinstance(value, DTensor) else None
 
 
 def _rng_state() -> dict[str, Any]:
