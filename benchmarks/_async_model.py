@@ -17,7 +17,6 @@ import torch
 
 from skyrl_agent.llm.base import Usage
 from skyrl_agent.llm.scripted import ModelledGPU
-from skyrl_train.async_buffer import RolloutStream
 from skyrl_train.backends.base import LossFn, ModelOutput, TrainingBatch
 from skyrl_train.compute_thread import ComputeThread
 from skyrl_train.config import Config, load_config, resolve
@@ -26,6 +25,7 @@ from skyrl_train.data.loader import PromptLoader
 from skyrl_train.generators.base import Generator
 from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
 from skyrl_train.inference.versioned import VersionedEngine
+from skyrl_train.modes import Schedule, fully_async, one_step_off, sync
 from skyrl_train.timeline import Timeline
 from skyrl_train.trainer import Metrics, Trainer
 from skyrl_train.wiring import loop_settings, objective_of, sampling_params, stream_settings
@@ -102,7 +102,7 @@ class ModelledPolicy:
         assert log_probs.grad is not None
         self._grad_sq += float(log_probs.grad.pow(2).sum())
         time.sleep(self.update_s_per_row * len(batch))
-        return {"loss": float(loss.item()), **metrics}
+        return {"loss": float(loss.item()), **{name: float(value) for name, value in metrics.items()}}
 
     def optim_step(self) -> dict[str, float]:
         grad_norm, self._grad_sq = math.sqrt(self._grad_sq), 0.0
@@ -212,6 +212,20 @@ def serving(engine: InferenceEngine, mode: str) -> InferenceEngine:
     return VersionedEngine(engine) if mode == "fully_async" else engine
 
 
+@dataclass
+class _Host:
+    """The run as a mode's loop sees it: no evaluation, checkpoints or exports between steps."""
+
+    trainer: Trainer
+    loader: PromptLoader[PromptRecord]
+    schedule: Schedule
+    groups_started: int = 0
+    checkpoint_state: Callable[[], dict[str, Any]] | None = None
+
+    async def after_step(self, metrics: Metrics) -> None:
+        """Nothing to do between steps."""
+
+
 class ModelledRun:
     """One mode's real ``Trainer`` over a modelled policy; :meth:`run` drives the loop as ``skyrl_train.run`` does.
 
@@ -265,18 +279,8 @@ class ModelledRun:
             await asyncio.to_thread(self.compute.close)
 
     async def _stepped(self, steps: int) -> None:
-        batches = self.loader.stream()
-        ahead: list[PromptRecord] | None = None
-        for step in range(steps):
-            batch = ahead if ahead is not None else next(batches)
-            ahead = next(batches) if self.mode == "one_step_off" and step + 1 < steps else None
-            await self.trainer.train_step(batch, upcoming=ahead)
+        host = _Host(self.trainer, self.loader, Schedule(total_steps=steps))
+        await (one_step_off.train(host) if self.mode == "one_step_off" else sync.train(host))
 
     async def _streamed(self, steps: int) -> None:
-        stream = RolloutStream(self.stream_settings, self.trainer.rollout_group, self.loader.items())
-        try:
-            while self.trainer.global_step < steps:
-                stream.generate_until(steps)
-                await self.trainer.train_step_from(stream)
-        finally:
-            await stream.close()
+        await fully_async.train(_Host(self.trainer, self.loader, Schedule(total_steps=steps)), self.stream_settings)

@@ -2,11 +2,11 @@
 
 One :class:`RolloutStream` per run sits between the generator and the trainer::
 
-    stream = RolloutStream(settings, trainer.rollout_group, loader.items(), version=trainer.global_step)
+    stream = RolloutStream(settings, group_rollout(trainer), loader.items(), version=trainer.global_step)
         admits a prompt group while   running < max_inflight_groups
                                 and   started < (min(version + max_staleness + 1, horizon) − first) · batch_size
                                                 + evicted
-        rollout(prompt, index, version) → Group           one generate call per group (Trainer.rollout_group)
+        rollout(prompt, index, version) → Group           one generate call per group (modes.fully_async.group_rollout)
         a finished group that failed (every trajectory failed, or nothing left in the loss) → evicted
         a finished group older than version − max_staleness → evicted (stale); any other → the buffer
     step:  take() → the next batch_size buffered groups (waiting for them) and what was evicted since the last take
@@ -161,7 +161,7 @@ class RolloutStream:
 
     Args:
         settings: Batch size, staleness bound, concurrency and failure limit.
-        rollout: Generates one group (``Trainer.rollout_group``).
+        rollout: Generates one group (``skyrl_train.modes.fully_async.group_rollout``).
         prompts: The prompts to draw, one per group (``PromptLoader.items()``).
         version: The policy version the engines generate with now.
         started: Groups the run started before this stream (a resumed run's count): the next group's index.

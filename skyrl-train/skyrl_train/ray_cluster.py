@@ -11,24 +11,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import ray
 
+from skyrl_train.actor_specs import ActorDemand, PlacementMode, RoleSpec
+
 __all__ = ["ActorDemand", "Placement", "PlacementMode", "RoleSpec", "ensure_ray"]
-
-
-@dataclass(frozen=True)
-class ActorDemand:
-    """``count`` Ray actors asking for ``cpus`` and ``gpus`` each; the keys name the config keys that set them."""
-
-    count: int
-    cpus: float
-    gpus: float
-    what: str  # e.g. "5 training workers (policy 2, ref 1, critic 2)"
-    cpu_key: str
-    gpu_key: str
 
 
 def ensure_ray(demands: Sequence[ActorDemand], address: str | None = None) -> bool:
@@ -63,19 +52,6 @@ def ensure_ray(demands: Sequence[ActorDemand], address: str | None = None) -> bo
                 f"lower {keys}, run fewer actors, or add nodes to the cluster"
             )
     return started
-
-
-PlacementMode = Literal["colocate", "disaggregate"]
-
-
-@dataclass(frozen=True)
-class RoleSpec:
-    """One role's actors: ``count`` of them, each asking for ``cpus`` and ``gpus``."""
-
-    name: str  # e.g. "policy", "engines"
-    count: int
-    cpus: float
-    gpus: float = 0.0
 
 
 class Placement:

@@ -1,17 +1,20 @@
-"""The one place a resolved run config becomes the settings of every component of the run.
+"""The one place a run config is read: it becomes the typed settings of everything the run builds and does.
 
 Components take their own settings, never the root :class:`~skyrl_train.config.Config`; this module is the map
-between the two, so each config key is read here and nowhere else (but for the data, logging and seed keys, which
-``skyrl_train.run`` hands to the dataset, loader, tracker and global generators itself)::
+between the two, so each config key is read here and nowhere else. :mod:`skyrl_train.compose` then builds the live
+objects from these settings alone, and :mod:`skyrl_train.run` runs them::
 
+    run = run_settings(config)                             # data, outputs: needed before the datasets load
     parts = components_of(config, total_steps=training_steps(config.trainer, len(loader)))
     policy = TorchBackend(parts.policy, compute)          # parts.ref and parts.critic alike; None: not built
     engine = create_engine(parts.engine.kind, parts.engine.model_path, compute=compute, **parts.engine.options)
     generator = SkyRLGymGenerator(engine, tokenizer, parts.generator)  # or parts.factory (generators.factory)
     trainer = Trainer(settings=parts.loop, objective=parts.objective, sampling_params=parts.sampling_params, ...)
 
-Nothing here loads a model, opens a file or starts a thread. Every value is a frozen settings object except the KL
-controller, the small stateful object that adapts ``beta`` during the run (a fresh one per call).
+The config is resolved once, by :func:`components_of` and :func:`run_settings`; every other function here takes a
+resolved config (:func:`skyrl_train.config.resolve`). Nothing here loads a model, opens a file or starts a thread.
+Every value is a frozen settings object except the KL controller, the small stateful object that adapts ``beta``
+during the run (a fresh one per call).
 """
 
 from __future__ import annotations
@@ -19,25 +22,42 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
+from skyrl_train.actor_specs import ActorDemand, PlacementMode, RoleSpec
 from skyrl_train.algorithms import AdvantageConfig, KLController, make_kl_controller
 from skyrl_train.algorithms.policy_losses import CISPOConfig, ClipCovConfig, KLCovConfig, PolicyLossConfig, SAPOConfig
 from skyrl_train.async_buffer import StreamSettings
 from skyrl_train.backends.config import BackendConfig, LoraConfig, OptimizerConfig
-from skyrl_train.config import Config, TrainerConfig, lora_target_modules, resolve
+from skyrl_train.config import (
+    Config,
+    TrainerConfig,
+    WorkerGroupRole,
+    lora_target_modules,
+    resolve,
+    to_dict,
+    worker_group_size,
+)
 from skyrl_train.generators.factory import FactorySettings
 from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
 from skyrl_train.inference.base import SamplingParams
 from skyrl_train.inference.factory import EngineKind
 from skyrl_train.inference.remote import Timeouts
+from skyrl_train.loop_settings import AsyncMode, LoopSettings
+from skyrl_train.modes.base import Schedule
 from skyrl_train.objective import Objective
-from skyrl_train.trainer import LoopSettings
 
 __all__ = [
+    "ActorSettings",
+    "DataSettings",
     "EngineSettings",
+    "EnvWorkerSettings",
+    "OutputSettings",
     "RunComponents",
+    "RunSettings",
+    "actor_settings",
     "backend_config",
     "components_of",
     "critic_backend_config",
@@ -48,8 +68,10 @@ __all__ = [
     "loop_settings",
     "objective_of",
     "optimizer_steps",
+    "run_settings",
     "sampling_params",
     "stream_settings",
+    "training_actors",
     "training_steps",
 ]
 
@@ -64,6 +86,35 @@ class EngineSettings:
     replicas: int = 1  # > 1: an EngineGroup of that many Ray actors (skyrl_train.inference.ray_engines)
     cpus_per_replica: float = 1.0  # Ray resources of each replica's actor
     gpus_per_replica: float = 0.0
+
+
+@dataclass(frozen=True)
+class EnvWorkerSettings:
+    """``environment.num_env_workers > 0``: Ray actors that hold the run's envs (any node with free CPUs)."""
+
+    count: int
+    cpus_per_worker: float
+    concurrency: int  # env calls each actor runs at once
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """Which roles leave this process as Ray actors, how much each asks for, and how they share machines."""
+
+    backend: Literal["torch", "fsdp"]  # models in this process, or FSDP2 worker groups on Ray actors
+    worker_groups: tuple[RoleSpec, ...]  # fsdp: the policy's (reference's, critic's) ranks, in that order
+    placed: tuple[RoleSpec, ...]  # the roles given placement-group bundles: the worker groups, then the engines
+    demands: tuple[ActorDemand, ...]  # every actor the cluster must hold: checked before any model loads
+    placement: PlacementMode  # colocate: roles share placement-group bundles; disaggregate: each has its own
+    ray_address: str | None  # the cluster to join; None: RAY_ADDRESS or a new local one
+    dist_backend: Literal["nccl", "gloo"]  # the worker groups' collectives (nccl on cuda)
+    weight_broadcast: Literal["nccl", "gloo"]  # rank 0 → engine actors: nccl when all have GPUs of their own
+    env_workers: EnvWorkerSettings | None = None
+
+    @property
+    def needs_ray(self) -> bool:
+        """Whether any role runs in a Ray actor."""
+        return bool(self.demands)
 
 
 @dataclass(frozen=True)
@@ -82,6 +133,104 @@ class RunComponents:
     kl_controller: KLController | None  # beta of the KL penalty in the reward; None unless use_kl_in_reward
     stream: StreamSettings  # fully_async: the rollout stream (batch size, staleness bound, groups in flight)
     factory: FactorySettings | None = None  # the function that builds the generator; None: SkyRLGymGenerator
+    actors: ActorSettings | None = None  # None: every role in this process (no Ray)
+    schedule: Schedule = field(default_factory=lambda: Schedule(total_steps=0))
+    async_mode: AsyncMode = "sync"
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The prompt datasets, their tokenizer and their loader (``data`` section, ``model.path``)."""
+
+    tokenizer_path: str
+    train_data: tuple[str, ...]
+    val_data: tuple[str, ...]  # empty: no evaluation
+    default_env_class: str  # env id for rows without an env_class column
+    max_prompt_length: int  # longer chat-templated prompts are dropped
+    chat_template_kwargs: Mapping[str, Any]
+    batch_size: int  # prompts per training step
+    seed: int  # the per-epoch shuffle
+    shuffle: bool
+    drop_last: bool
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """What a run writes and when: tracking, evaluations, checkpoints, exports; and where it resumes from."""
+
+    run_dir: Path
+    run_name: str
+    seed: int  # python, numpy and torch at start
+    config: Mapping[str, Any]  # the resolved config as plain data: stored with the tracker and every checkpoint
+    loggers: tuple[str, ...]
+    project_name: str
+    log_samples_per_step: int
+    eval_interval: int  # <= 0: no periodic evaluation
+    eval_before_train: bool
+    ckpt_path: str
+    ckpt_interval: int  # <= 0: only at the end
+    max_ckpts_to_keep: int  # -1: all
+    export_path: str
+    export_interval: int  # <= 0: only at the end
+    base_model: str  # what an export's config and tokenizer files come from (model.path)
+    resume_mode: Literal["none", "latest", "from_path"]
+    resume_path: str | None
+    groups_per_step: int  # a checkpoint without a group count: groups started = steps · this (fully_async)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the run itself needs before its components are built."""
+
+    data: DataSettings
+    outputs: OutputSettings
+    epochs: int  # passes over the training prompts
+    max_training_steps: int | None  # None: epochs · steps per epoch
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Training steps of the run: ``max_training_steps``, else ``epochs`` passes of ``steps_per_epoch``."""
+        return self.max_training_steps if self.max_training_steps is not None else self.epochs * steps_per_epoch
+
+
+def run_settings(config: Config) -> RunSettings:
+    """The data and output settings of ``config`` (resolved here)."""
+    config = resolve(config)
+    d, t = config.data, config.trainer
+    assert t.ckpt_path is not None  # derived by resolve()
+    assert t.export_path is not None
+    data = DataSettings(
+        tokenizer_path=config.model.path,
+        train_data=tuple(d.train_data),
+        val_data=tuple(d.val_data),
+        default_env_class=config.environment.env_class,
+        max_prompt_length=d.max_prompt_length,
+        chat_template_kwargs=config.generator.chat_template_kwargs,
+        batch_size=t.train_batch_size,
+        seed=d.seed,
+        shuffle=d.shuffle,
+        drop_last=d.drop_last,
+    )
+    outputs = OutputSettings(
+        run_dir=Path(t.run_dir),
+        run_name=t.run_name or Path(t.run_dir).name,
+        seed=t.seed,
+        config=to_dict(config),
+        loggers=tuple(t.logger),
+        project_name=t.project_name,
+        log_samples_per_step=t.log_samples_per_step,
+        eval_interval=t.eval_interval,
+        eval_before_train=t.eval_before_train,
+        ckpt_path=t.ckpt_path,
+        ckpt_interval=t.ckpt_interval,
+        max_ckpts_to_keep=t.max_ckpts_to_keep,
+        export_path=t.export_path,
+        export_interval=t.export_interval,
+        base_model=config.model.path,
+        resume_mode=t.resume_mode,
+        resume_path=t.resume_path,
+        groups_per_step=t.train_batch_size,
+    )
+    return RunSettings(data=data, outputs=outputs, epochs=t.epochs, max_training_steps=t.max_training_steps)
 
 
 def components_of(config: Config, *, total_steps: int) -> RunComponents:
@@ -94,11 +243,13 @@ def components_of(config: Config, *, total_steps: int) -> RunComponents:
     sampling, eval_sampling = sampling_params(config)
     needs_ref = alg.use_kl_loss or alg.use_kl_in_reward
     ref = backend_config(config, path=config.model.ref_path, trainable=False, total_steps=total_steps)
+    critic = critic_backend_config(config, total_steps=total_steps) if config.model.critic_path else None
+    engine = engine_settings(config)
     return RunComponents(
         policy=backend_config(config, total_steps=total_steps),
         ref=ref if needs_ref else None,
-        critic=critic_backend_config(config, total_steps=total_steps) if config.model.critic_path else None,
-        engine=engine_settings(config),
+        critic=critic,
+        engine=engine,
         generator=generator_config(config),
         loop=loop_settings(config),
         objective=objective_of(config),
@@ -107,6 +258,82 @@ def components_of(config: Config, *, total_steps: int) -> RunComponents:
         kl_controller=kl_controller(config),
         stream=stream_settings(config),
         factory=generator_factory(config),
+        actors=actor_settings(config, engine, with_ref=needs_ref, with_critic=critic is not None),
+        schedule=Schedule(total_steps=total_steps, ckpt_interval=config.trainer.ckpt_interval),
+        async_mode=config.trainer.async_mode,
+    )
+
+
+def actor_settings(
+    config: Config, engine: EngineSettings, *, with_ref: bool, with_critic: bool
+) -> ActorSettings | None:
+    """The run's Ray actors (training worker groups, engine replicas, env workers); None when it has none."""
+    t, env = config.trainer, config.environment
+    demands: list[ActorDemand] = []
+    groups: list[RoleSpec] = []
+    if t.backend == "fsdp":
+        models: list[WorkerGroupRole] = ["policy"]
+        models += ["ref"] if with_ref else []
+        models += ["critic"] if with_critic else []
+        roles, demand = training_actors(t, models)
+        groups, demands = list(roles), [demand]
+    placed = list(groups)
+    if engine.replicas > 1:
+        demands.append(_engine_demand(config, engine))
+        placed.append(RoleSpec("engines", engine.replicas, engine.cpus_per_replica, engine.gpus_per_replica))
+    env_workers = None
+    if env.num_env_workers > 0:
+        env_workers = EnvWorkerSettings(env.num_env_workers, env.num_cpus_per_env_worker, max(env.max_env_workers, 1))
+        demands.append(_env_worker_demand(env_workers))
+    if not demands:
+        return None
+    gpus = t.device == "cuda" and engine.replicas > 1 and engine.gpus_per_replica > 0
+    return ActorSettings(
+        backend=t.backend,
+        worker_groups=tuple(groups),
+        placed=tuple(placed),
+        demands=tuple(demands),
+        placement=t.placement,
+        ray_address=config.ray.address,
+        dist_backend="nccl" if t.device == "cuda" else "gloo",
+        # Two ranks on one GPU cannot share a NCCL group: colocated engines get the weights through gloo.
+        weight_broadcast="nccl" if gpus and t.placement == "disaggregate" else "gloo",
+        env_workers=env_workers,
+    )
+
+
+def training_actors(trainer: TrainerConfig, models: list[WorkerGroupRole]) -> tuple[list[RoleSpec], ActorDemand]:
+    """The placement roles of ``models``' worker groups, each with its own rank count, and their cluster-check row."""
+    cpus, gpus = trainer.num_cpus_per_worker, trainer.num_gpus_per_worker or 0.0
+    roles = [RoleSpec(model, worker_group_size(trainer, model), cpus, gpus) for model in models]
+    total = sum(role.count for role in roles)
+    what = f"{total} training workers ({', '.join(f'{role.name} {role.count}' for role in roles)})"
+    return roles, ActorDemand(total, cpus, gpus, what, "trainer.num_cpus_per_worker", "trainer.num_gpus_per_worker")
+
+
+def _engine_demand(config: Config, engine: EngineSettings) -> ActorDemand:
+    """The engine replicas' cluster-check row (an engine's GPUs are all its tensor-parallel ranks')."""
+    tp = config.inference.tensor_parallel_size
+    tp_note = f" of inference.tensor_parallel_size={tp} GPUs each" if tp > 1 else ""
+    return ActorDemand(
+        engine.replicas,
+        engine.cpus_per_replica,
+        engine.gpus_per_replica,
+        f"inference.num_engines={engine.replicas}{tp_note}",
+        "inference.num_cpus_per_engine",
+        "inference.num_gpus_per_engine",
+    )
+
+
+def _env_worker_demand(env_workers: EnvWorkerSettings) -> ActorDemand:
+    """The env workers' cluster-check row: CPUs only."""
+    return ActorDemand(
+        env_workers.count,
+        env_workers.cpus_per_worker,
+        0.0,
+        f"environment.num_env_workers={env_workers.count}",
+        "environment.num_cpus_per_env_worker",
+        "environment.num_cpus_per_env_worker",
     )
 
 
@@ -135,7 +362,6 @@ def backend_config(
     ``trainable=False`` (the reference model) turns off gradient checkpointing and LoRA. ``total_steps`` (training
     steps) sizes the learning-rate schedule; the ``linear`` and ``cosine`` schedules need it.
     """
-    config = resolve(config)  # trainer.device is derived
     m, o, t = config.model, config.optim, config.trainer
     lora = LoraConfig(
         rank=m.lora_rank,
@@ -179,7 +405,6 @@ def critic_backend_config(config: Config, *, total_steps: int | None = None) -> 
 
 def engine_settings(config: Config) -> EngineSettings:
     """The engine kind and its options; ``inference.engine_kwargs`` are added last, so they win."""
-    config = resolve(config)  # trainer.device is derived
     inf, model = config.inference, config.model
     options: dict[str, Any]
     if inf.engine == "local":
@@ -239,7 +464,6 @@ def _vllm_options(config: Config) -> dict[str, Any]:
 
 def generator_config(config: Config) -> GeneratorConfig:
     """The generator's settings from the ``generator`` and ``environment`` sections."""
-    config = resolve(config)
     g, env = config.generator, config.environment
     assert g.max_input_length is not None  # derived by resolve()
     return GeneratorConfig(
@@ -269,7 +493,6 @@ def generator_factory(config: Config) -> FactorySettings | None:
 
 def loop_settings(config: Config) -> LoopSettings:
     """The loop's own settings."""
-    config = resolve(config)  # trainer.device is derived
     a, g, t = config.algorithm, config.generator, config.trainer
     return LoopSettings(
         n_samples_per_prompt=g.n_samples_per_prompt,
@@ -294,7 +517,7 @@ def loop_settings(config: Config) -> LoopSettings:
 
 def stream_settings(config: Config) -> StreamSettings:
     """``trainer.async_mode=fully_async``: how the rollout stream schedules prompt groups."""
-    t = resolve(config).trainer
+    t = config.trainer
     return StreamSettings(
         batch_size=t.train_batch_size,
         max_staleness=t.max_staleness,
@@ -304,7 +527,6 @@ def stream_settings(config: Config) -> StreamSettings:
 
 def objective_of(config: Config) -> Objective:
     """The loss terms from the ``algorithm`` and ``off_policy`` sections."""
-    config = resolve(config)  # algorithm.max_seq_len is derived
     a = config.algorithm
     policy_loss = PolicyLossConfig(
         eps_clip_low=a.eps_clip_low,

@@ -12,6 +12,7 @@ import yaml
 
 from skyrl_train.config import ConfigError, load_config, resolve, validate
 from skyrl_train.generators.base import GeneratorInput, GeneratorOutput
+from skyrl_train.modes.one_step_off import OneStepOff
 from skyrl_train.run import run
 
 from .test_run import _config, _metrics, distinct_chars_env  # noqa: F401 - the run's env, registered per test
@@ -56,7 +57,8 @@ def test_the_next_batch_generates_during_the_update_and_the_sync_waits_for_it(ti
     first, second = _prompts("p0", "p1"), _prompts("p2", "p3")
 
     async def two_steps() -> list[dict[str, float]]:
-        return [await trainer.train_step(first, upcoming=second), await trainer.train_step(second)]
+        steps = OneStepOff(trainer)
+        return [await steps.train_step(first, upcoming=second), await steps.train_step(second)]
 
     step1, step2 = asyncio.run(two_steps())
     assert log == [
@@ -78,14 +80,15 @@ def test_training_on_other_prompts_than_the_upcoming_ones_is_refused(tiny_model_
     trainer, _ = _trainer(tiny_model_dir, flat=set(), async_mode="one_step_off")
 
     async def mismatch() -> None:
-        await trainer.train_step(_prompts("p0", "p1"), upcoming=_prompts("p2", "p3"))
-        await trainer.train_step(_prompts("p4", "p5"))
+        steps = OneStepOff(trainer)
+        await steps.train_step(_prompts("p0", "p1"), upcoming=_prompts("p2", "p3"))
+        await steps.train_step(_prompts("p4", "p5"))
 
     with pytest.raises(ValueError, match="other prompts than the upcoming ones"):
         asyncio.run(mismatch())
     sync_trainer, _ = _trainer(tiny_model_dir, flat=set())
     with pytest.raises(ValueError, match="only with async_mode='one_step_off'"):
-        asyncio.run(sync_trainer.train_step(_prompts("p0", "p1"), upcoming=_prompts("p2", "p3")))
+        asyncio.run(OneStepOff(sync_trainer).train_step(_prompts("p0", "p1"), upcoming=_prompts("p2", "p3")))
 
 
 def test_one_step_off_runs_correct_by_tis_and_resume_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -177,7 +177,9 @@ def test_ppo_with_a_critic_trains_the_value_model(tiny_model_dir: Path, tmp_path
     # The critic was checkpointed next to the policy, and its weights moved away from their initial values.
     assert result.checkpoint is not None
     saved = load_file(result.checkpoint / "critic" / "model.safetensors")
-    initial = CriticBackend(critic_backend_config(_config(tiny_model_dir, tmp_path / "d0", tmp_path / "r0", critic)))
+    initial = CriticBackend(
+        critic_backend_config(resolve(_config(tiny_model_dir, tmp_path / "d0", tmp_path / "r0", critic)))
+    )
     assert not torch.equal(saved["score.weight"], initial.model.state_dict()["score.weight"])
 
 

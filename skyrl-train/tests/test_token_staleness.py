@@ -12,7 +12,7 @@ from skyrl_train.backends.base import ModelOutput, TrainingBatch
 from skyrl_train.config import ConfigError, load_config, validate
 from skyrl_train.experience import POLICY_VERSIONS
 from skyrl_train.objective import TOKEN_STALENESS, Objective, make_loss_fn
-from skyrl_train.trainer import _add_token_staleness
+from skyrl_train.preparation import add_token_staleness
 
 
 def _batch(versions: list[list[float]]) -> TrainingBatch:
@@ -44,14 +44,14 @@ def _gradient(batch: TrainingBatch, limit: int | None) -> tuple[torch.Tensor, di
 
 def test_the_trainer_measures_each_tokens_staleness() -> None:
     batch = _batch([[3, 3, 1, -1], [2, 2, 2, 2]])  # -1: an observation token, no version
-    metrics = _add_token_staleness(batch, version=3)
+    metrics = add_token_staleness(batch, version=3)
     assert batch.tensors[TOKEN_STALENESS].tolist() == [[0, 0, 2, 0], [1, 1, 1, 1]]
     assert metrics == {"async/token_staleness": pytest.approx(6 / 7), "async/token_staleness_max": 2.0}
 
 
 def test_tokens_staler_than_the_limit_get_no_gradient_and_keep_the_normaliser() -> None:
     batch = _batch([[3, 3, 1, 1], [2, 2, 2, 2]])
-    _add_token_staleness(batch, version=3)
+    add_token_staleness(batch, version=3)
     full, _ = _gradient(batch, None)
     kept, metrics = _gradient(batch, 1)
     stale = batch.tensors[TOKEN_STALENESS] > 1
