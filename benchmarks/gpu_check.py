@@ -50,12 +50,15 @@ SMALL = [
 CHECKED = ("loss", "grad_norm", "reward/mean")  # metric names containing these must be finite
 
 
+MODEL_DIR = Path("runs") / "quickstart" / "sft-model"  # where the quickstart leaves its model, as the examples expect
+
+
 def set_up(root: Path) -> None:
     """The examples page's setup in ``root``: the model where the quickstart leaves it, and the demo data."""
     from skyrl_gym import cli as gym_cli
     from skyrl_train.models.tiny import build_tiny_model
 
-    build_tiny_model(root / "runs" / "quickstart" / "sft-model", seed=0)
+    build_tiny_model(root / MODEL_DIR, seed=0)
     cwd = Path.cwd()
     os.chdir(root)
     try:
@@ -163,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, label, overrides, timeout_s in runs:
             run = report["runs"][label] = run_example(root, name, label, overrides, timeout_s, on_gpu)
             print(f"{label}: {'ok' if run['ok'] else 'FAILED ' + run['why']} ({run.get('seconds', '?')} s)")
+        if on_gpu:
+            from _gpu_sleep_check import check_pinned_sleep
+
+            sleep = report["runs"]["local_engine/pinned_sleep"] = check_pinned_sleep(root / MODEL_DIR)
+            print(f"local_engine/pinned_sleep: {'ok' if sleep['ok'] else 'FAILED ' + sleep['why']}")
     report["examples_s"] = round(time.perf_counter() - started, 1)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     if not args.no_bench:
