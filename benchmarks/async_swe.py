@@ -27,8 +27,8 @@ from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorC
 from skyrl_agent.llm.base import Completion, LLMClient, Prompt, SamplingParams
 from skyrl_agent.llm.scripted import LatencyClient, ModelledGPU, null_policy
 from skyrl_agent.run import make_llm
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import SWETask, load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
 from skyrl_agent.testing import ByteChatTemplate
 from skyrl_train.config import Config
 from skyrl_train.data.dataset import PromptRecord

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -95,6 +96,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1 or args.samples < 1 or args.max_turns < 1:
         raise ValueError("--concurrency, --samples and --max-turns must be at least 1")
+    if args.ray_address is not None:
+        if args.backend != "ray":
+            raise ValueError("--ray-address needs --backend ray")
+        os.environ["RAY_ADDRESS"] = args.ray_address  # what the ray backend joins when Ray is not yet initialised
     if args.harness is None:
         run.make_llm(args.model)  # reject a bad --model before starting anything
     else:
@@ -185,7 +190,15 @@ def _add_run_command(commands: _Commands) -> None:
     run.add_argument("--served-model", default="default", help="model name sent to the server (default: %(default)s)")
     run.add_argument("--concurrency", type=int, default=4, help="episodes at once (default: %(default)s)")
     run.add_argument("--out", required=True, help="directory for trajectories.jsonl and summary.json")
-    run.add_argument("--backend", choices=["docker", "local", "process"], default="docker")
+    run.add_argument(
+        "--backend",
+        choices=["docker", "local", "process", "ray"],
+        default="docker",
+        help="where sandboxes run; ray: Docker sandboxes on the cluster's nodes that offer the resource sandbox_host",
+    )
+    run.add_argument(
+        "--ray-address", default=None, help="with --backend ray: the Ray cluster to join (default: a new local one)"
+    )
     run.add_argument("--samples", type=int, default=1, help="episodes per task (default: %(default)s)")
     run.add_argument("--max-turns", type=int, default=30, help="LLM calls per episode at most (default: %(default)s)")
     run.add_argument("--run-id", default=None, help="labels this run's sandboxes (default: host-pid-random)")

@@ -43,7 +43,7 @@ def test_a_task_whose_hidden_tests_do_not_apply_is_a_grading_error_not_a_reward(
 
     from skyrl_agent.dispatch import GradingError
     from skyrl_agent.dispatch.outcomes import Outcome, classify_error
-    from skyrl_agent.tasks.process_backend import ProcessBackend
+    from skyrl_agent.sandbox.process_backend import ProcessBackend
 
     task = load_suite()[0]
     missing = (

@@ -18,7 +18,10 @@ Constructor arguments (skyrl-gym style ``env_config`` and ``extras``; an ``extra
   or the name ``docker``, ``local`` or ``process``; default ``docker``); ``grader`` (a backend) grades, by default
   the same backend;
 - ``max_turns`` (30), ``command_timeout_s`` (60), ``max_output_chars`` (10000), ``grade`` (true: grade when the
-  episode ends; false: only return the diff as ``metadata["submission"]``).
+  episode ends; false: only return the diff as ``metadata["submission"]``);
+- ``workspace_base``: with a borrowed ``sandbox`` whose workspace is already prepared (a fork of its group's
+  prepared sandbox, :mod:`skyrl_agent.sandbox.group_fork`), that workspace's base commit: ``init`` does not
+  prepare it again. Grading is unaffected: it always starts a fresh sandbox.
 
 Sandbox calls are async: drive the env with :mod:`skyrl_gym.async_env` (``ainit``/``astep``/``aclose``). The
 blocking ``init``/``step``/``close`` work outside an event loop: they run on a loop the env keeps for itself.
@@ -112,6 +115,9 @@ class SWEEnv(BaseTextEnv):
         self.max_output_chars = int(options.get("max_output_chars", 10_000))
         self.grade_on_end = bool(options.get("grade", True))
         self._borrowed: Sandbox | None = options.get("sandbox")
+        self._workspace_base: str | None = options.get("workspace_base")
+        if self._workspace_base is not None and self._borrowed is None:
+            raise ValueError("SWEEnv's workspace_base names the prepared workspace of a borrowed sandbox; give both")
         self._pool: Any = options.get("pool")
         backend = options.get("backend", "docker" if self._borrowed is None and self._pool is None else None)
         self._owns_backend = isinstance(backend, str)
@@ -132,7 +138,9 @@ class SWEEnv(BaseTextEnv):
         from skyrl_agent.tasks.workspace import prepare_workspace
 
         self.sandbox = await self._acquire()
-        base_commit = await prepare_workspace(self.task, self.sandbox)
+        base_commit = self._workspace_base
+        if base_commit is None:
+            base_commit = await prepare_workspace(self.task, self.sandbox)
         self._tools = SandboxToolEnv(
             self.sandbox,
             workdir=self.task.workdir,

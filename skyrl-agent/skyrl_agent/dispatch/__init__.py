@@ -1,5 +1,6 @@
-"""Scheduling of agent episodes: stages, deadlines, retries, the failure taxonomy and traces."""
+"""Scheduling of agent episodes: stages, deadlines, retries, admission, the failure taxonomy and traces."""
 
+from skyrl_agent.dispatch.admission import AdjustableLimit, AdmissionConfig, AdmissionController
 from skyrl_agent.dispatch.clock import Deadline, DeadlineExceeded, PausableClock, within
 from skyrl_agent.dispatch.context import GuardedLLM, RunContext, Timeouts
 from skyrl_agent.dispatch.dispatcher import (
@@ -18,6 +19,9 @@ from skyrl_agent.dispatch.trace import Span, Trace
 
 __all__ = [
     "DEFAULT_POLICY",
+    "AdjustableLimit",
+    "AdmissionConfig",
+    "AdmissionController",
     "Backoff",
     "CircuitBreaker",
     "CircuitOpenError",

@@ -4,6 +4,10 @@ Each stage has its own concurrency limit (a semaphore) so sandbox start-up and g
 for other episodes; sandbox creations can also be rate-limited (asyncio-throttle). Episodes wait in a bounded
 input queue, and at most ``prefetch`` started sandboxes wait for a free agent slot.
 
+Admission: given an :class:`~skyrl_agent.dispatch.admission.AdmissionController`, the run limit moves between its
+floor and ``StageLimits.run`` with the engines' load (the held sandboxes follow: run limit plus ``prefetch``), and
+sandbox creations draw from its host-wide start rate. A lowered limit drains: running episodes are never stopped.
+
 Ownership: the dispatcher owns every sandbox that ``acquire`` returns until it hands it to ``release``, which
 it does exactly once per sandbox on every exit path (success, error, timeout, cancellation), through
 :class:`~skyrl_agent.dispatch.releases.Releases`. ``run_agent`` and ``grade`` borrow the sandbox and must not close
@@ -34,6 +38,7 @@ from typing import Any, Protocol
 
 from asyncio_throttle.throttler import Throttler
 
+from skyrl_agent.dispatch.admission import AdjustableLimit, AdmissionController, Slots
 from skyrl_agent.dispatch.clock import Deadline, PausableClock, within
 from skyrl_agent.dispatch.context import GuardedLLM, RunContext, Timeouts
 from skyrl_agent.dispatch.gc_policy import fewer_full_collections
@@ -113,7 +118,7 @@ class StageLimits:
     grade: int = 8  # gradings at once
     prefetch: int = 4  # started sandboxes that may wait for a free agent slot
     queue_size: int = 64  # episodes waiting in the input queue
-    acquire_rate_per_s: int | None = None  # sandbox starts per second at most (None: unlimited)
+    acquire_rate_per_s: int | None = None  # sandbox starts per second at most, per run() (None: unlimited)
 
 
 @dataclass(frozen=True)
@@ -184,14 +189,14 @@ class _Gauge:
     def leave(self) -> None:
         self.current -= 1
 
-    async def wait(self, sem: asyncio.Semaphore, trace: Trace, attempt: int) -> None:
+    async def wait(self, sem: Slots, trace: Trace, attempt: int) -> None:
         """Take a slot of ``sem``; the wait is a ``queue_wait`` span."""
         with trace.span("queue_wait", slot=self.name, attempt=attempt):
             await sem.acquire()
         self.enter()
 
     @asynccontextmanager
-    async def hold(self, sem: asyncio.Semaphore, trace: Trace, attempt: int) -> AsyncIterator[None]:
+    async def hold(self, sem: Slots, trace: Trace, attempt: int) -> AsyncIterator[None]:
         await self.wait(sem, trace, attempt)
         try:
             yield
@@ -217,6 +222,8 @@ class Dispatcher:
         release: Stops or returns a sandbox; called exactly once per acquired sandbox.
         llm: One client for all episodes, or a function of the episode (e.g. the oracle policy).
         config: Limits, deadlines, retries and the failure policy.
+        admission: Moves the run limit (``config.limits.run`` at most) with the engines' load and spaces sandbox
+            starts; shared by dispatchers that run at once (see :mod:`skyrl_agent.dispatch.admission`).
     """
 
     def __init__(
@@ -229,11 +236,13 @@ class Dispatcher:
         config: DispatcherConfig | None = None,
         *,
         clock: PausableClock | None = None,
+        admission: AdmissionController | None = None,
     ) -> None:
         self._acquire_fn, self._run_fn, self._grade_fn = acquire, run_agent, grade
         self._llm = llm
         self.config = config or DispatcherConfig()
         self.clock = clock or PausableClock()
+        self.admission = admission
         cfg = self.config
         self.breaker = CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self._rng = random.Random(cfg.seed)
@@ -276,12 +285,7 @@ class Dispatcher:
         """
         self._stopping = False
         limits = self.config.limits
-        sems = {
-            "acquire": asyncio.Semaphore(limits.acquire),
-            "run": asyncio.Semaphore(limits.run),
-            "grade": asyncio.Semaphore(limits.grade),
-            "held": asyncio.Semaphore(limits.run + limits.prefetch),
-        }
+        sems, resize = _stage_slots(limits, self.admission)
         throttler = Throttler(int(limits.acquire_rate_per_s)) if limits.acquire_rate_per_s else None
         queue: asyncio.Queue[tuple[int, Episode, float] | None] = asyncio.Queue(maxsize=limits.queue_size)
         results: dict[int, EpisodeResult] = {}
@@ -302,21 +306,22 @@ class Dispatcher:
 
         producer = asyncio.create_task(produce())
         workers = [asyncio.create_task(work()) for _ in range(n_workers)]
+        follow = [asyncio.create_task(self.admission.follow(limits.run, resize))] if self.admission else []
         with fewer_full_collections(self.config.gc_full_collection_threshold):
             try:
                 n = await producer
                 await asyncio.gather(*workers)
             finally:
-                for task in [producer, *workers]:
+                for task in [producer, *workers, *follow]:
                     task.cancel()
-                await asyncio.gather(producer, *workers, return_exceptions=True)
+                await asyncio.gather(producer, *workers, *follow, return_exceptions=True)
                 await self._releases.drain()  # also the releases of starts that outlived their deadline
         ordered = [results[i] for i in range(n)]
         self._apply_policy(ordered)
         return DispatchResult(ordered, self._metrics(ordered))
 
     async def _supervise(
-        self, episode: Episode, enqueued: float, sems: dict[str, asyncio.Semaphore], throttler: Throttler | None
+        self, episode: Episode, enqueued: float, sems: dict[str, Slots], throttler: Throttler | None
     ) -> EpisodeResult:
         trace = Trace(episode.id, time_fn=self.clock.wall_s)
         trace.add("queue_wait", -(self.clock.wall_s() - enqueued), 0.0, slot="input")
@@ -328,7 +333,7 @@ class Dispatcher:
         return result
 
     async def _supervised(
-        self, episode: Episode, trace: Trace, sems: dict[str, asyncio.Semaphore], throttler: Throttler | None
+        self, episode: Episode, trace: Trace, sems: dict[str, Slots], throttler: Throttler | None
     ) -> EpisodeResult:
         task = asyncio.create_task(self._run_episode(episode, trace, sems, throttler))
         self._inflight.add(task)
@@ -343,7 +348,7 @@ class Dispatcher:
             self._inflight.discard(task)
 
     async def _run_episode(
-        self, episode: Episode, trace: Trace, sems: dict[str, asyncio.Semaphore], throttler: Throttler | None
+        self, episode: Episode, trace: Trace, sems: dict[str, Slots], throttler: Throttler | None
     ) -> EpisodeResult:
         attempt = 1
         while True:
@@ -360,7 +365,7 @@ class Dispatcher:
         episode: Episode,
         trace: Trace,
         attempt: int,
-        sems: dict[str, asyncio.Semaphore],
+        sems: dict[str, Slots],
         throttler: Throttler | None,
     ) -> EpisodeResult:
         timeouts = self.config.timeouts
@@ -405,7 +410,7 @@ class Dispatcher:
                 await self._releases.release(sandbox, trace)
 
     async def _acquire(
-        self, episode: Episode, trace: Trace, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
+        self, episode: Episode, trace: Trace, sem: Slots, throttler: Throttler | None, attempt: int
     ) -> Sandbox:
         """Start the episode's sandbox, retrying infrastructure failures. Each try has its own start deadline."""
 
@@ -429,7 +434,7 @@ class Dispatcher:
             await self.breaker.admit(self.config.breaker_wait_s)
 
     async def _start_one(
-        self, episode: Episode, trace: Trace, sem: asyncio.Semaphore, throttler: Throttler | None, attempt: int
+        self, episode: Episode, trace: Trace, sem: Slots, throttler: Throttler | None, attempt: int
     ) -> Sandbox:
         """One ``acquire`` call under the start deadline; its slot is held until the call really ends."""
         gauge = self.gauges["acquire"]
@@ -444,6 +449,8 @@ class Dispatcher:
             if throttler is not None:
                 async with throttler:
                     pass
+            if self.admission is not None:
+                await self.admission.admit_start()
             create = asyncio.ensure_future(self._acquire_fn(episode))
         except BaseException:
             free_slot()
@@ -499,7 +506,24 @@ class Dispatcher:
         metrics["queue_s/max"] = max(queue_s, default=0.0)
         for name, gauge in self.gauges.items():
             metrics[f"stage/{name}/peak"] = float(gauge.peak)
+        if self.admission is not None:
+            metrics["stage/run/limit"] = float(self.admission.limit(self.config.limits.run))
         return metrics
+
+
+def _stage_slots(
+    limits: StageLimits, admission: AdmissionController | None
+) -> tuple[dict[str, Slots], Callable[[int], None]]:
+    """Each stage's slots, and the function that resizes the run stage (and the held sandboxes with it)."""
+    admitted = limits.run if admission is None else admission.poll(limits.run)
+    run, held = AdjustableLimit(admitted), AdjustableLimit(admitted + limits.prefetch)
+
+    def resize(limit: int) -> None:
+        run.set_limit(limit)
+        held.set_limit(limit + limits.prefetch)  # still at most ``prefetch`` started sandboxes wait for a run slot
+
+    grade = asyncio.Semaphore(limits.grade)
+    return {"acquire": asyncio.Semaphore(limits.acquire), "run": run, "grade": grade, "held": held}, resize
 
 
 def _at_least(need: Deadline, budget_s: float | None) -> float | None:

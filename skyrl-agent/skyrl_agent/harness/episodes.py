@@ -2,8 +2,10 @@
 
 ::
 
-    acquire    a sandbox for the task (as SWEPipeline; with a model socket for a harness that runs inside it)
-    run_agent  prepare the workspace; open a session on the recording server (or use the plain endpoint);
+    acquire    a sandbox for the task (as SWEPipeline, group forks included; with a model socket for a harness that
+               runs inside it)
+    run_agent  prepare the workspace (unless acquire did); open a session on the recording server (or use the plain
+               endpoint);
                for a harness inside the sandbox: serve the model socket, and check the endpoint from inside;
                run the harness in its own thread until it returns or the episode deadline passes;
                close the session (its recorded samples) and take the workspace diff as the submission
@@ -123,8 +125,7 @@ class HarnessPipeline(SWEPipeline):
         model_socket = SessionSocket()
         try:
             spec = replace(self._agent_spec(_task(episode)), model_socket_dir=model_socket.directory)
-            with span_on(self.spans, "sandbox", "start"):
-                sandbox = await self.backend.create(spec)
+            sandbox = await self._start(episode, spec)
         except BaseException:
             await model_socket.close()
             raise
@@ -142,11 +143,9 @@ class HarnessPipeline(SWEPipeline):
 
     async def run_agent(self, episode: Episode, sandbox: Sandbox, llm: LLMClient, ctx: RunContext) -> Any:
         """Run the harness on the borrowed sandbox (``llm`` is unused: the harness has its own endpoint)."""
-        from skyrl_agent.tasks.workspace import prepare_workspace
-
         task = _task(episode)
         with span_on(self.spans, "env", "init"):
-            base_commit = await prepare_workspace(task, sandbox)
+            base_commit = await self.workspace_base(task, sandbox)
         session_id, endpoint = self._endpoint(episode)
         shell = SandboxShell(
             sandbox,

@@ -106,7 +106,9 @@ class HarnessGenerator(AgentGenerator):
         sessions = GatewaySessions(await self._gateway(batch))
         episodes = self._episodes(batch)
         pipeline = self._harness_pipeline(batch, sessions)
-        dispatcher = pipeline.dispatcher(null_policy(), self.config.dispatcher, clock=self.clock)
+        dispatcher = pipeline.dispatcher(
+            null_policy(), self.config.dispatcher, clock=self.clock, admission=self.admission
+        )
         dispatched = await dispatcher.run(episodes)
         steps = [self._harness_rows(result, pipeline) for result in dispatched.results]
         results = [result for result, rows in zip(dispatched.results, steps, strict=True) for _ in rows]
@@ -115,7 +117,10 @@ class HarnessGenerator(AgentGenerator):
         output.trajectory_ids = [result.episode.id for result in results]
         output.is_last_step = [k == len(episode) - 1 for episode in steps for k in range(len(episode))]
         output.policy_versions = _versions([sample for episode in steps for _, sample in episode], rows)
-        output.metrics = _metrics(rows, output.is_last_step, dispatched.results, dispatched.metrics)
+        output.metrics = {
+            **_metrics(rows, output.is_last_step, dispatched.results, dispatched.metrics),
+            **pipeline.group_setup_metrics(),
+        }
         return output
 
     async def close(self) -> None:
@@ -154,6 +159,8 @@ class HarnessGenerator(AgentGenerator):
             labels=base.labels,
             env_options=base.env_options,
             spans=self.timeline,
+            group_fork=base.group_fork,
+            group_sizes=base.group_sizes,
             harness=self.harness,
             server=sessions,
             command_timeout_s=self.command_timeout_s,

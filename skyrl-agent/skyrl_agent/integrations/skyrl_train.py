@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 from skyrl_agent.agents.react import AgentConfig, Trajectory
 from skyrl_agent.agents.swe_env import task_from_options
 from skyrl_agent.dispatch import DispatcherConfig, Episode, EpisodeResult, PausableClock
+from skyrl_agent.dispatch.admission import AdmissionConfig, AdmissionController, LoadSource
 from skyrl_agent.dispatch.dispatcher import LLMFactory
 from skyrl_agent.dispatch.outcomes import Treatment
 from skyrl_agent.integrations.tokens import (
@@ -50,6 +51,7 @@ from skyrl_agent.llm.base import (
 )
 from skyrl_agent.pipeline import SWEPipeline
 from skyrl_agent.sandbox.base import SandboxBackend
+from skyrl_agent.sandbox.group_fork import group_of
 from skyrl_agent.spans import SpanRecorder, span_on
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
     from skyrl_train.inference.base import InferenceEngine
     from skyrl_train.inference.base import SamplingParams as EngineParams
 
-__all__ = ["AgentGenerator", "AgentGeneratorConfig", "PausingEngine", "TrainEngineClient"]
+__all__ = ["AgentGenerator", "AgentGeneratorConfig", "PausingEngine", "TrainEngineClient", "engine_admission"]
 
 
 class TrainEngineClient:
@@ -236,6 +238,8 @@ class AgentGeneratorConfig:
     dispatcher: DispatcherConfig = dataclasses.field(default_factory=DispatcherConfig)  # limits, deadlines, policy
     env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # e.g. command_timeout_s for SWEEnv
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # on every sandbox (e.g. skyrl.run)
+    # The run limit follows the engine's load() when it reports one (at most dispatcher.limits.run); the start rate.
+    admission: AdmissionConfig = dataclasses.field(default_factory=AdmissionConfig)
 
 
 class AgentGenerator:
@@ -266,6 +270,8 @@ class AgentGenerator:
         self.clock = PausableClock()  # shared by every batch's dispatcher, so one pause holds them all
         self.engine = PausingEngine(engine, self.clock)
         self._inner_engine = engine
+        # One for every batch: the limit it reached carries over, and the start rate holds across batches at once.
+        self.admission = engine_admission(engine, self.config.admission)
         # Set by a skyrl-train run to its timeline: sandbox starts, env calls, LLM calls and grading become spans.
         self.timeline: SpanRecorder | None = None
 
@@ -286,11 +292,11 @@ class AgentGenerator:
         episodes = self._episodes(batch)
         pipeline = self._pipeline(batch)
         llm = self.llm if self.llm is not None else self._engine_clients(batch)
-        dispatcher = pipeline.dispatcher(llm, self.config.dispatcher, clock=self.clock)
+        dispatcher = pipeline.dispatcher(llm, self.config.dispatcher, clock=self.clock, admission=self.admission)
         dispatched = await dispatcher.run(episodes)
         rows = [self._row(result, pipeline, batch) for result in dispatched.results]
         output = self._output(batch, dispatched.results, rows)
-        output.metrics = _batch_metrics(rows, dispatched.metrics)
+        output.metrics = {**_batch_metrics(rows, dispatched.metrics), **pipeline.group_setup_metrics()}
         return output
 
     def _episodes(self, batch: GeneratorInput) -> list[Episode]:
@@ -305,7 +311,7 @@ class AgentGenerator:
                 raise ValueError(f"AgentGenerator runs SWE episodes; row {index} ({tid}) has env class {env_class!r}")
             task = task_from_options({**self.config.env_options, **extras})
             data = {"task": task, "task_id": task.id, "index": index}
-            episodes.append(Episode(tid, data, group_id=tid.rsplit(":", 1)[0]))
+            episodes.append(Episode(tid, data, group_id=group_of(tid)))
         return episodes
 
     def _pipeline(self, batch: GeneratorInput) -> SWEPipeline:
@@ -393,6 +399,19 @@ class _Row:
             "turns": self.tokens.turns,
             "error": self.error,
         }
+
+
+def engine_admission(engine: object, config: AdmissionConfig) -> AdmissionController | None:
+    """The admission controller of ``engine``, or None when the dispatcher's fixed limits apply.
+
+    It follows ``engine.load()`` when the engine has one (an optional method of skyrl-train engines, found by duck
+    typing) and ``config.enabled``; otherwise, with ``config.starts_per_s`` set, it only spaces sandbox starts.
+    """
+    load = getattr(engine, "load", None)
+    source = cast("LoadSource", load) if callable(load) and config.enabled else None
+    if source is None and config.starts_per_s is None:
+        return None
+    return AdmissionController(config, source)
 
 
 def _batch_metrics(rows: Sequence[_Row], dispatch: Mapping[str, float]) -> dict[str, float]:

@@ -12,13 +12,16 @@ This module imports nothing of skyrl-train.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from skyrl_agent.dispatch import Timeouts
 
+if TYPE_CHECKING:
+    from skyrl_agent.sandbox.ray_hosts import RayHostSettings
+
 __all__ = ["BackendName", "SWEGeneratorConfig"]
 
-BackendName = Literal["docker", "local", "process"]
+BackendName = Literal["docker", "local", "process", "ray"]
 _DEFAULT_TIMEOUTS = Timeouts()
 _AT_LEAST_ONE = (
     "max_turns",
@@ -27,6 +30,7 @@ _AT_LEAST_ONE = (
     "max_concurrent_starts",
     "max_concurrent_grades",
     "max_episode_attempts",
+    "max_sandboxes_per_host",
 )
 
 
@@ -39,8 +43,12 @@ class SWEGeneratorConfig:
     """
 
     # docker (isolated containers of the task's image), local (bubblewrap over the image's filesystem) or process
-    # (host subprocesses: NOT isolated, trusted tasks only)
+    # (host subprocesses: NOT isolated, trusted tasks only), or ray (sandboxes on the Ray nodes that offer the
+    # resource sandbox_host, each node running ray_host_backend)
     backend: BackendName = "docker"
+    ray_address: str | None = None  # with ray: the cluster to join; None: the run's Ray, RAY_ADDRESS, or a new one
+    ray_host_backend: Literal["docker", "local", "process"] = "docker"  # with ray: what each sandbox host runs
+    max_sandboxes_per_host: int = 32  # with ray: sandboxes one host holds at once
     tasks_path: str | None = None  # the task file of rows that give a task_id but no tasks_path; None: the suite
     run_id: str | None = None  # the skyrl.run label of the run's sandboxes; None: <run_name>-<host>-<pid>-<random>
     max_turns: int | None = None  # LLM calls per episode at most; None: generator.max_turns
@@ -57,6 +65,9 @@ class SWEGeneratorConfig:
     command_timeout_s: float = 60.0  # what one shell command of the agent may take inside the sandbox
     max_episode_attempts: int = 2  # runs of an episode whose sandbox failed, the first included
     reaper: bool = True  # with docker: remove dead runs' sandboxes now, this run's at exit and on SIGTERM/SIGINT
+    # the samples of one prompt start from one prepared sandbox (its snapshot forked) rather than preparing their own
+    # (on a backend that forks: docker, local, process)
+    group_fork: bool = True
     # instead of the ReAct agent, this unmodified agent program (e.g. mini-swe-agent) plays each episode, its model
     # calls going through a gateway over the run's engine that records the tokens (integrations.harness)
     harness: str | None = None
@@ -69,3 +80,11 @@ class SWEGeneratorConfig:
         ]
         if problems:
             raise ValueError("; ".join(problems))
+
+    def ray_hosts(self) -> RayHostSettings:
+        """The sandbox hosts of ``backend: ray``."""
+        from skyrl_agent.sandbox.ray_hosts import RayHostSettings
+
+        return RayHostSettings(
+            address=self.ray_address, inner=self.ray_host_backend, max_sandboxes=self.max_sandboxes_per_host
+        )

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +38,14 @@ from skyrl_agent.harness.base import Harness
 from skyrl_agent.integrations.harness import HarnessGenerator
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, AgentGeneratorConfig
 from skyrl_agent.integrations.swe_config import BackendName, SWEGeneratorConfig
+from skyrl_agent.pipeline import SWEPipeline
 from skyrl_agent.sandbox.base import SandboxBackend
+from skyrl_agent.sandbox.group_fork import group_of
 from skyrl_agent.tasks.format import SWETask
 
 if TYPE_CHECKING:
+    from skyrl_agent.sandbox.ray_hosts import RayHostSettings
+    from skyrl_train.generators.base import GeneratorInput
     from skyrl_train.generators.factory import GeneratorContext
     from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
 
@@ -67,11 +73,16 @@ class SWETrainGenerator(AgentGenerator):
 
     Attributes:
         run_id: The ``skyrl.run`` label on every sandbox of this generator.
+        group_fork: The samples of one prompt start from one prepared sandbox (:attr:`SWEPipeline.group_fork`).
     """
 
-    def __init__(self, *args: Any, run_id: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, run_id: str, group_fork: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.run_id = run_id
+        self.run_id, self.group_fork = run_id, group_fork
+
+    def _pipeline(self, batch: GeneratorInput) -> SWEPipeline:
+        """The batch's pipeline, told whether to fork groups and how many samples each group has."""
+        return _grouped(super()._pipeline(batch), batch, group_fork=self.group_fork)
 
     async def close(self) -> None:
         """Remove every sandbox (and snapshot) still open, and release the backend; the engine is left alone."""
@@ -79,11 +90,19 @@ class SWETrainGenerator(AgentGenerator):
 
 
 class SWEHarnessTrainGenerator(HarnessGenerator):
-    """A :class:`HarnessGenerator` that owns its sandbox backend and gateway: :meth:`close` ends both."""
+    """A :class:`HarnessGenerator` that owns its sandbox backend and gateway: :meth:`close` ends both.
 
-    def __init__(self, *args: Any, run_id: str, **kwargs: Any) -> None:
+    Attributes:
+        group_fork: The samples of one prompt start from one prepared sandbox (:attr:`SWEPipeline.group_fork`).
+    """
+
+    def __init__(self, *args: Any, run_id: str, group_fork: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.run_id = run_id
+        self.run_id, self.group_fork = run_id, group_fork
+
+    def _pipeline(self, batch: GeneratorInput) -> SWEPipeline:
+        """The batch's pipeline, told whether to fork groups and how many samples each group has."""
+        return _grouped(super()._pipeline(batch), batch, group_fork=self.group_fork)
 
     async def close(self) -> None:
         """Stop the gateway, remove every sandbox still open and release the backend; the engine is left alone."""
@@ -91,6 +110,12 @@ class SWEHarnessTrainGenerator(HarnessGenerator):
             await super().close()
         finally:
             await self.backend.close()
+
+
+def _grouped(pipeline: SWEPipeline, batch: GeneratorInput, *, group_fork: bool) -> SWEPipeline:
+    """``pipeline`` with group forks on or off, and the number of samples of each of the batch's groups."""
+    sizes = Counter(group_of(tid) for tid in batch.trajectory_ids)
+    return replace(pipeline, group_fork=group_fork, group_sizes=sizes)
 
 
 def swe_generator(context: GeneratorContext, **kwargs: Any) -> AgentGenerator:
@@ -132,12 +157,16 @@ def build_swe_generator(context: GeneratorContext, settings: SWEGeneratorConfig)
     harness = settings.harness
     program = None if harness is None else _harness(harness)  # refuse an unknown one before starting sandboxes
     lifetime_s = config.dispatcher.timeouts.sandbox_lifetime_s
-    sandboxes = make_backend(settings.backend, run_id, lifetime_s=lifetime_s, reaper=settings.reaper)
+    sandboxes = make_backend(
+        settings.backend, run_id, lifetime_s=lifetime_s, reaper=settings.reaper, hosts=settings.ray_hosts()
+    )
     if program is None:
-        return SWETrainGenerator(sandboxes, chat, engine=context.engine, config=config, run_id=run_id)
+        return SWETrainGenerator(
+            sandboxes, chat, engine=context.engine, config=config, run_id=run_id, group_fork=settings.group_fork
+        )
     return SWEHarnessTrainGenerator(
         sandboxes, chat, engine=context.engine, tokenizer=context.tokenizer, harness=program, config=config,
-        command_timeout_s=settings.command_timeout_s, run_id=run_id,
+        command_timeout_s=settings.command_timeout_s, run_id=run_id, group_fork=settings.group_fork,
     )  # fmt: skip
 
 
@@ -180,8 +209,17 @@ def _harness(name: str) -> Harness:
         raise ValueError(f"generator.factory_kwargs.harness: {exc}") from exc
 
 
-def make_backend(name: str, run_id: str, *, lifetime_s: float | None = None, reaper: bool = True) -> SandboxBackend:
+def make_backend(
+    name: str,
+    run_id: str,
+    *,
+    lifetime_s: float | None = None,
+    reaper: bool = True,
+    hosts: RayHostSettings | None = None,
+) -> SandboxBackend:
     """The sandbox backend ``name`` for run ``run_id``; a Docker one removes sandboxes unclosed after ``lifetime_s``.
+
+    ``hosts`` says where a ``ray`` backend places its sandboxes.
 
     Raises:
         ValueError: ``name`` is unknown, or its backend cannot run here (the message says what is missing).
@@ -193,7 +231,7 @@ def make_backend(name: str, run_id: str, *, lifetime_s: float | None = None, rea
 
         _install_reaper(reaping, run_id)
     try:
-        return make_named_backend(name, run_id=run_id, lifetime_s=lifetime_s)
+        return make_named_backend(name, run_id=run_id, lifetime_s=lifetime_s, hosts=hosts)
     except ValueError as exc:
         raise ValueError(f"generator.factory_kwargs.backend: {exc}") from exc
 

@@ -7,16 +7,20 @@ test must pass) and the gold patch (everything must pass). Static checks run fir
 from __future__ import annotations
 
 import asyncio
-import importlib
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
+from skyrl_agent.sandbox.backends import make_machine_backend
 from skyrl_agent.sandbox.base import SandboxBackend
 from skyrl_agent.tasks.format import SWETask, repo_files
 from skyrl_agent.tasks.grading import GradeResult, SandboxFactory, grade, test_targets
 from skyrl_agent.tasks.policy import is_protected, patch_paths, violations
+
+if TYPE_CHECKING:
+    from skyrl_agent.sandbox.ray_hosts import RayHostSettings
 
 _HUNK = re.compile(r"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@", re.MULTILINE)
 
@@ -125,27 +129,24 @@ def with_reference_times(tasks: Sequence[SWETask], reports: Sequence[ValidationR
     return [replace(task, reference_s=round(measured[task.id], 2)) if task.id in measured else task for task in tasks]
 
 
-def make_backend(name: str, *, run_id: str | None = None, lifetime_s: float | None = None) -> SandboxBackend:
-    """The sandbox backend called ``name``: ``docker``, ``local`` or ``process`` (no isolation: trusted tasks only).
+def make_backend(
+    name: str, *, run_id: str | None = None, lifetime_s: float | None = None, hosts: RayHostSettings | None = None
+) -> SandboxBackend:
+    """The sandbox backend called ``name``: ``docker``, ``local``, ``process`` or ``ray``.
+
+    ``process`` has no isolation (trusted tasks only); ``ray`` places sandboxes on the sandbox hosts of a Ray
+    cluster, ``hosts`` saying which and what they run (:mod:`skyrl_agent.sandbox.ray_hosts`).
 
     ``run_id`` and ``lifetime_s`` go to the Docker backend (its ``skyrl.run`` label, and how long an unclosed
-    sandbox may live); the other backends have neither.
+    sandbox may live), also when Ray hosts run it; the other backends have neither.
 
     Raises ``ValueError`` naming what is missing when the backend's module is not available.
     """
-    if name == "process":
-        from skyrl_agent.tasks.process_backend import ProcessBackend
+    if name == "ray":
+        from skyrl_agent.sandbox.ray_hosts import RayHostBackend  # imports Ray itself only when a backend is made
 
-        return ProcessBackend()
-    modules = {"docker": ("skyrl_agent.sandbox.docker_backend", "DockerBackend"),
-               "local": ("skyrl_agent.sandbox.local_backend", "LocalBackend")}  # fmt: skip
-    if name not in modules:
-        raise ValueError(f"unknown backend {name!r}; choose docker, local or process")
-    module_name, class_name = modules[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"the {name} backend is not available ({exc}); try --backend process") from exc
-    options = {"run_id": run_id, "lifetime_s": lifetime_s} if name == "docker" else {}
-    backend: SandboxBackend = getattr(module, class_name)(**options)
-    return backend
+        try:
+            return RayHostBackend(hosts, run_id=run_id, lifetime_s=lifetime_s)
+        except ImportError as exc:
+            raise ValueError(f"the ray backend is not available ({exc})") from exc
+    return make_machine_backend(name, run_id=run_id, lifetime_s=lifetime_s)

@@ -20,8 +20,8 @@ from skyrl_agent.harness import CommandHarness, HarnessPipeline
 from skyrl_agent.integrations.harness import GatewaySessions
 from skyrl_agent.integrations.serving import make_harness
 from skyrl_agent.llm.scripted import null_policy
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
 
 AGENT = textwrap.dedent('''
     """One model call; run the reply's bash block in the repository; exit 0."""

@@ -46,7 +46,7 @@ def test_the_documented_agent_runs_through_the_gateway(tokenizer: Any) -> None:
 
     async def go() -> Any:
         async with Gateway(engine, tokenizer, GatewayConfig(max_model_len=1 << 20)) as gateway:
-            from skyrl_agent.tasks.process_backend import ProcessBackend
+            from skyrl_agent.sandbox.process_backend import ProcessBackend
 
             pipeline = HarnessPipeline(
                 ProcessBackend(),

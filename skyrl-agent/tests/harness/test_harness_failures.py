@@ -14,9 +14,9 @@ from skyrl_agent.harness import Endpoint, HarnessJob, HarnessPipeline, HarnessRe
 from skyrl_agent.llm.base import LLMError
 from skyrl_agent.llm.scripted import null_policy
 from skyrl_agent.sandbox.base import CommandResult, SandboxError
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.sandbox.shell import CommandBrokeSandboxError
 from skyrl_agent.tasks import load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
 
 
 class Raising:

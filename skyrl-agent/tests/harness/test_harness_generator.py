@@ -20,8 +20,8 @@ from skyrl_agent.harness.base import Harness, HarnessJob, HarnessResult
 from skyrl_agent.harness.mini_swe_agent import MiniSWEAgent
 from skyrl_agent.integrations.harness import HarnessGenerator
 from skyrl_agent.integrations.skyrl_train import AgentGeneratorConfig
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
 from skyrl_train.experience import to_experience
 from skyrl_train.generators.base import GeneratorInput
 from skyrl_train.generators.chat import ChatEncoder

@@ -24,8 +24,8 @@ from skyrl_agent.harness import HarnessJob, HarnessPipeline, HarnessResult
 from skyrl_agent.harness.mini_swe_agent import APPLY_THOUGHT, MiniSWEAgent, oracle_replies
 from skyrl_agent.integrations.harness import GatewaySessions, OracleEngine
 from skyrl_agent.llm.scripted import null_policy
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
 
 
 def test_cli_oracle_resolves_the_suite_and_records_token_ids(tmp_path: Path) -> None:

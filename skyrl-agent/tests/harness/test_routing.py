@@ -17,8 +17,8 @@ from skyrl_agent.harness.base import Endpoint, HarnessJob, HarnessResult
 from skyrl_agent.harness.routing import forwarded_url, relay_target, relays_model, runs_in_sandbox
 from skyrl_agent.llm.scripted import null_policy
 from skyrl_agent.sandbox.base import SandboxSpec
+from skyrl_agent.sandbox.process_backend import ProcessBackend, ProcessSandbox
 from skyrl_agent.tasks import load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend, ProcessSandbox
 
 
 class BesideHarness:

@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 from skyrl_agent.harness.base import HarnessJob, HarnessResult
 from skyrl_agent.integrations.harness import HarnessGenerator, OracleEngine
 from skyrl_agent.integrations.skyrl_train import AgentGeneratorConfig
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
 from skyrl_train.algorithms import PolicyLossConfig
 from skyrl_train.backends import BackendConfig, LossFn, TorchBackend, TrainingBatch
 from skyrl_train.data.dataset import PromptRecord

@@ -26,8 +26,8 @@ from skyrl_agent.llm.scripted import null_policy, oracle_replies
 from skyrl_agent.pipeline import TASK_LABEL
 from skyrl_agent.run import ORACLE_PATCH, make_llm
 from skyrl_agent.sandbox.base import Sandbox, SandboxSpec, SandboxStartError, Snapshot
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import SWETask, load_suite
-from skyrl_agent.tasks.process_backend import ProcessBackend
 from skyrl_agent.testing import ByteChatTemplate
 from skyrl_train.experience import to_experience
 from skyrl_train.generators.base import Generator, GeneratorInput, GeneratorOutput

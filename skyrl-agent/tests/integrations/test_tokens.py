@@ -181,7 +181,7 @@ sys.modules["torch"] = None
 sys.modules["skyrl_train"] = None  # any import of them now raises
 from skyrl_agent.integrations.skyrl_train import AgentGenerator, TrainEngineClient
 from skyrl_agent.llm.scripted import null_policy
-from skyrl_agent.tasks.process_backend import ProcessBackend
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.testing import ByteChatTemplate
 AgentGenerator(ProcessBackend(), ByteChatTemplate(), llm=null_policy())
 TrainEngineClient(object(), ByteChatTemplate())

@@ -121,7 +121,8 @@ def test_bad_kwargs_are_named_by_the_run_config_validation(tiny_model_dir: Path,
     bad = {"max_turn": 4, "backend": "podman", "episode_timeout_s": "long", "reaper": 1, "max_concurrent_grades": 0}
     expected = [
         "generator.factory_kwargs.max_turn: unexpected keyword argument 'max_turn'; did you mean 'max_turns'?",
-        "generator.factory_kwargs.backend: unknown backend 'podman'; expected one of 'docker', 'local', 'process'",
+        "generator.factory_kwargs.backend: unknown backend 'podman'; "
+        "expected one of 'docker', 'local', 'process', 'ray'",
         "generator.factory_kwargs.episode_timeout_s: expected float | None, got str 'long'",
         "generator.factory_kwargs.reaper: expected bool, got int 1",
     ]

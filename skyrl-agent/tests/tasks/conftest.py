@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from skyrl_agent.tasks.process_backend import ProcessBackend
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 
 
 @pytest.fixture

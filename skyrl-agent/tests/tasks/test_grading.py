@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 
 from skyrl_agent.sandbox.base import SandboxSpec
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import Grader, SWETask, grade, grading, load_suite, prepare_workspace
 from skyrl_agent.tasks.format import repo_files
-from skyrl_agent.tasks.process_backend import ProcessBackend
 
 TASK = next(task for task in load_suite() if task.id == "durations-format-exact-hour")
 F2P_FILE = TASK.fail_to_pass[0].split("::")[0]  # tests/test_format.py, changed by the hidden test patch

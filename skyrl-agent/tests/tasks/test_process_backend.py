@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from skyrl_agent.sandbox.base import CommandResult, SandboxSpec
-from skyrl_agent.tasks.process_backend import OUTPUT_CAP, ProcessBackend, ProcessSandbox
+from skyrl_agent.sandbox.process_backend import OUTPUT_CAP, ProcessBackend, ProcessSandbox
 
 # A daemon in a session of its own that holds the command's stdout: it writes its pid, then sleeps.
 DAEMON = "setsid sh -c 'echo $$ > daemon.tmp && mv daemon.tmp daemon.pid; exec sleep 1000' &"

@@ -7,9 +7,9 @@ import pytest
 
 from skyrl_agent.agents.tool_env import SandboxToolEnv
 from skyrl_agent.sandbox.base import SandboxSpec
+from skyrl_agent.sandbox.process_backend import ProcessBackend
 from skyrl_agent.tasks import grade, load_suite, prepare_workspace, submission_diff
 from skyrl_agent.tasks.format import repo_files
-from skyrl_agent.tasks.process_backend import ProcessBackend
 
 TASK = next(task for task in load_suite() if task.id == "durations-format-exact-hour")
 BIG = "".join(f"LINE_{i:06d} = {i} * 2  # generated, to make the diff large\n" for i in range(4000))  # ≈240 KB

@@ -71,7 +71,7 @@ from typing import (
 
 from skyrl_train.generators.base import Generator
 from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
-from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
+from skyrl_train.inference.base import EngineLoad, GenerationOutput, InferenceEngine, SamplingParams, load_of
 
 if TYPE_CHECKING:
     import torch
@@ -384,6 +384,10 @@ class GeneratorPauseLink:
     def num_engines(self) -> int:
         """How many engines serve behind this one (an ``EngineGroup`` has several)."""
         return int(getattr(self.engine, "num_engines", 1))
+
+    def load(self) -> EngineLoad | None:
+        """The inner engine's load, when it reports one (admission control reads it)."""
+        return load_of(self.engine)
 
     @property
     def pauses_at_token_boundary(self) -> bool:

@@ -6,6 +6,9 @@ log-probabilities, so the ids trained on are exactly the ids generated (no re-to
 Log-probabilities are those of the distribution the token was sampled from, ``log_softmax(logits / temperature)``
 (vLLM's ``processed_logprobs``). With top-k/top-p disabled that is exactly what the trainer recomputes, so the
 mean ``|rollout − trainer|`` log-probability gap of an on-policy step is small.
+
+An engine may also report how busy it is (:class:`LoadReporting`: ``load() -> EngineLoad``), for callers that admit
+work by the engine's load. It is optional, found by duck typing; the protocol itself does not ask for it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,33 @@ class GenerationOutput:
     policy_version: int | None = None  # the policy version that generated it, when the engine tracks versions
     # Per token, when the engine can change weights between tokens of one completion (LocalEngine, pause_at="token").
     token_policy_versions: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """How busy an engine is at the moment it reports (its latest scheduling step)."""
+
+    running: int  # requests being generated; every unfinished one when ``waiting`` is None
+    waiting: int | None  # accepted requests not yet in the running batch; None: the engine cannot tell them apart
+    kv_cache_usage: float | None = None  # fraction (0..1) of the KV cache in use; None: not known
+
+
+@runtime_checkable
+class LoadReporting(Protocol):
+    """An engine that reports its load. Optional: callers test for it (``isinstance``) and do without."""
+
+    def load(self) -> EngineLoad:
+        """The engine's load now; returns at once (no I/O, no waiting on the engine's thread)."""
+        ...
+
+
+def load_of(engine: object) -> EngineLoad | None:
+    """``engine.load()`` when the engine reports its load (:class:`LoadReporting`), else None.
+
+    What a wrapping engine reports for the engine it wraps, so admission control sees through ``VersionedEngine`` and
+    the generator's pause link.
+    """
+    return engine.load() if isinstance(engine, LoadReporting) else None
 
 
 @runtime_checkable

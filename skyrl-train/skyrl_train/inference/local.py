@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from skyrl_train.compute_thread import ComputeThread
-from skyrl_train.inference.base import GenerationOutput, SamplingParams
+from skyrl_train.inference.base import EngineLoad, GenerationOutput, SamplingParams
 from skyrl_train.inference.concurrency import PauseGate, paused_during
 from skyrl_train.inference.local_batch import (
     Batch,
@@ -135,6 +135,7 @@ class LocalEngine:
         self._offload = HostOffload()  # the host buffers sleep() moves the weights into, kept for the next sleep
         self._queue: asyncio.Queue[Request] | None = None
         self._batcher: asyncio.Task[None] | None = None
+        self._running = 0  # requests in the batch being decoded
         self._closed = False
 
     @classmethod
@@ -185,6 +186,15 @@ class LocalEngine:
     def paused(self) -> bool:
         """Whether :meth:`pause` holds the engine's work."""
         return self._gate.paused
+
+    def load(self) -> EngineLoad:
+        """Requests in the batch being decoded (``running``, paused ones included) and queued for a later one.
+
+        KV-cache use is None: the cache is allocated per batch, not drawn from a fixed pool. Calls held at the door by
+        a pause (``pause_at="sequence_end"``) are not queued yet, so they are not counted.
+        """
+        queue = self._queue
+        return EngineLoad(self._running, 0 if queue is None else queue.qsize(), None)
 
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy ``(name, tensor)`` pairs (Hugging Face names, any device/dtype) into the model in place.
@@ -278,6 +288,7 @@ class LocalEngine:
             batch = await self._next_batch(queue)
             if not batch:
                 continue
+            self._running = len(batch)
             try:
                 outputs = await self._run_batch(batch)
             except asyncio.CancelledError:  # close(): nobody will deliver this batch's results any more
@@ -286,6 +297,8 @@ class LocalEngine:
             except Exception as exc:  # the whole batch failed: every caller gets the error
                 _fail(batch, exc)
                 continue
+            finally:
+                self._running = 0
             for request, output in zip(batch, outputs, strict=True):
                 if not request.future.done():  # the caller may have been cancelled meanwhile
                     request.future.set_result(output)

@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from skyrl_train.inference.base import GenerationOutput, InferenceEngine, SamplingParams
+from skyrl_train.inference.base import EngineLoad, GenerationOutput, InferenceEngine, SamplingParams, load_of
 from skyrl_train.inference.concurrency import PauseGate
 
 if TYPE_CHECKING:
@@ -66,6 +66,10 @@ class VersionedEngine:
     def num_engines(self) -> int:
         """How many engines serve behind this one (an ``EngineGroup`` has several)."""
         return int(getattr(self.engine, "num_engines", 1))
+
+    def load(self) -> EngineLoad | None:
+        """The wrapped engine's load, when it reports one (admission control reads it)."""
+        return load_of(self.engine)
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationOutput]:
         """The inner engine's completions, each with ``policy_version`` set; waits while paused."""

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from skyrl_train.inference.base import GenerationOutput, SamplingParams
+from skyrl_train.inference.base import EngineLoad, GenerationOutput, SamplingParams
 from skyrl_train.inference.concurrency import PauseGate, paused_during
 from skyrl_train.inference.vllm_loop import (
     Abort,
@@ -201,6 +201,15 @@ class VLLMEngine:
     def paused(self) -> bool:
         """Whether :meth:`pause` holds the engine's work."""
         return self._held if self.pauses_at_token_boundary else self._gate.paused
+
+    def load(self) -> EngineLoad:
+        """The load at the engine thread's latest round (``vllm_loop.scheduler_load``); nothing known before start.
+
+        In process: vLLM's running and waiting requests and KV-cache use. With the engine core in its own process
+        (the GPU default): unfinished requests as ``running``, and ``waiting`` and KV-cache use None.
+        """
+        loop = self._loop
+        return loop.load if loop is not None else EngineLoad(0, None)
 
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load ``(name, tensor)`` pairs in Hugging Face naming into the running engine.

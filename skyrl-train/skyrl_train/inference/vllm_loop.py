@@ -5,6 +5,10 @@ holds, calls such as weight loads, stop); :class:`StepLoop` runs on the engine t
 while requests are unfinished and the engine is not held, calls ``llm.llm_engine.step()``, resolving each request's
 future when it finishes. Every future is resolved on every exit path: when the loop stops, unfinished and queued
 work fails with :class:`EngineClosedError`.
+
+After each round of commands and steps the loop records the engine's load (:attr:`StepLoop.load`, replaced whole, so
+the event loop reads it without locking): from vLLM's scheduler when the engine core runs in this process; otherwise
+(the core in its own process, whose scheduler only a log-stats pipeline reports) the unfinished request count only.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from skyrl_train.inference.base import GenerationOutput, StopReason
+from skyrl_train.inference.base import EngineLoad, GenerationOutput, StopReason
 
 __all__ = [
     "Abort",
@@ -30,6 +34,7 @@ __all__ = [
     "Streamed",
     "Submit",
     "in_process_core",
+    "scheduler_load",
     "to_generation_output",
 ]
 
@@ -110,6 +115,7 @@ class StepLoop:
         self.pending: dict[str, Request] = {}  # requests added to vLLM and not finished, by id
         self.held = False  # a Hold applied: the loop steps no more until released
         self.steps = 0  # engine steps run so far (each samples one token of every running request)
+        self.load = EngineLoad(0, None)  # as of the latest round of commands and steps (module docstring)
 
     def run(self) -> None:
         """Serve commands (waiting for one while nothing runs) and step, until told to stop."""
@@ -117,6 +123,7 @@ class StepLoop:
             while self._serve_commands(block=not self.pending or self.held):
                 if self.pending and not self.held:
                     self._step()
+                self.load = scheduler_load(self.llm, len(self.pending))
         finally:
             _fail(self.pending.values(), EngineClosedError("the engine was closed"))
             self._fail_queued()
@@ -236,6 +243,22 @@ def to_generation_output(output: Any, params: Any, streamed: Streamed | None = N
     return GenerationOutput(
         token_ids, logprobs, reason, text if params.detokenize else None, metadata, token_policy_versions=versions
     )
+
+
+def scheduler_load(llm: Any, unfinished: int) -> EngineLoad:
+    """The load of ``llm`` (a ``vllm.LLM``) with ``unfinished`` requests of ours in it; call on the engine thread.
+
+    With the engine core in this process: its scheduler's running and waiting counts and KV-cache use. Otherwise the
+    scheduler is in another process and the ``LLM`` object has no cheap way to it: every unfinished request counts as
+    running, and waiting and KV-cache use are None.
+    """
+    scheduler = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
+    counts = getattr(scheduler, "get_request_counts", None)  # absent in vLLM versions before it: no split known
+    if counts is None:
+        return EngineLoad(unfinished, None)
+    running, waiting = counts()
+    usage = getattr(scheduler, "get_kv_cache_usage", None)
+    return EngineLoad(int(running), int(waiting), None if usage is None else float(usage()))
 
 
 def in_process_core(llm: Any) -> bool:

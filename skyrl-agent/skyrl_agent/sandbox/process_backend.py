@@ -189,5 +189,9 @@ class ProcessBackend:
             shutil.copytree(snapshot.ref, sandbox.root, dirs_exist_ok=True, symlinks=True)
         return list(sandboxes)
 
+    async def discard_snapshot(self, snapshot: Snapshot) -> None:
+        """Delete the copy ``snapshot`` names; the sandboxes forked from it are copies of their own."""
+        shutil.rmtree(snapshot.ref, ignore_errors=True)
+
     async def close(self) -> None:
         """Nothing to release: each sandbox deletes its own directory."""

@@ -1,0 +1,214 @@
+"""RayHostBackend: sandboxes placed on the Ray nodes that offer ``sandbox_host``, served by one actor per node.
+
+One module-scoped cluster of two such nodes (Ray starts in seconds, so the tests share it); the hosts run the
+``process`` backend, except one short Docker test. The last tests add a third node and remove it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skyrl_agent import cli
+from skyrl_agent.dispatch.retry import is_infra_error
+from skyrl_agent.integrations.swe_config import SWEGeneratorConfig
+from skyrl_agent.sandbox.base import SandboxClosedError, SandboxSpec, SandboxStartError
+from skyrl_agent.sandbox.ray_hosts import RayHostBackend, RayHostSettings, RaySandbox, SandboxHostLostError
+from skyrl_agent.tasks.validate import make_backend
+
+SPEC = SandboxSpec()
+PROCESS_HOSTS = RayHostSettings(inner="process", max_sandboxes=2, start_timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Two nodes offering ``sandbox_host``; this process is connected to them."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"sandbox_host": 1}})
+    nodes.add_node(num_cpus=1, resources={"sandbox_host": 1})
+    ray.init(address=nodes.address, log_to_driver=False, configure_logging=False)
+    nodes.wait_for_nodes()
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _sandbox(sandbox: object) -> RaySandbox:
+    assert isinstance(sandbox, RaySandbox)
+    return sandbox
+
+
+async def _until_lost(sandbox: RaySandbox, within_s: float = 60.0) -> None:
+    """Call ``sandbox`` until its host is known dead; every call meanwhile must fail as a lost host."""
+    deadline = time.monotonic() + within_s
+    while sandbox.host.gone is None:
+        assert time.monotonic() < deadline, "Ray did not report the host dead in time"
+        with pytest.raises(SandboxHostLostError):
+            await sandbox.run("true")
+        await asyncio.sleep(0.2)
+
+
+def _assert_stopped(backend: RayHostBackend) -> None:
+    import ray
+
+    for host in backend.hosts:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(host.actor.ready.remote(), timeout=30)
+
+
+@pytest.mark.ray
+def test_sandboxes_spread_over_hosts_and_work_through_the_proxy(cluster: Any) -> None:
+    async def main() -> None:
+        backend = RayHostBackend(PROCESS_HOSTS)
+        try:
+            boxes = [await backend.create(SPEC) for _ in range(4)]
+            assert sorted(Counter(box.host.node_id for box in boxes).values()) == [2, 2]
+            assert [host.inner for host in backend.hosts] == ["process", "process"]
+            with pytest.raises(SandboxStartError, match="holds 2 of its 2"):
+                await backend.create(SPEC)
+            box = boxes[0]
+            await box.write_file("hello.txt", "hi\n")
+            result = await box.run("cat hello.txt; exit 3")
+            assert (result.output, result.exit_code) == ("hi\n", 3)
+            assert await box.read_file("hello.txt") == b"hi\n"
+            with pytest.raises(FileNotFoundError):
+                await box.read_file("missing.txt")
+            snapshot = await box.snapshot()
+            assert snapshot.ref.startswith(f"{box.host.node_id}/process/")
+            sibling = next(other for other in boxes[1:] if other.host is box.host)
+            await sibling.close()  # a free place on the snapshot's host
+            [fork] = [_sandbox(one) for one in await backend.fork(snapshot, 1, SPEC)]
+            assert fork.host is box.host
+            await fork.write_file("hello.txt", "changed\n")
+            assert await fork.read_file("hello.txt") == b"changed\n"
+            assert await box.read_file("hello.txt") == b"hi\n"  # the fork is a copy
+            await box.close()
+            await box.close()
+            with pytest.raises(SandboxClosedError):
+                await box.run("true")
+        finally:
+            await backend.close()
+        await backend.close()
+        _assert_stopped(backend)
+
+    asyncio.run(main())
+
+
+@pytest.mark.ray
+def test_a_dead_host_loses_its_sandboxes_and_new_ones_go_to_the_live_host(cluster: Any) -> None:
+    import ray
+
+    async def main() -> None:
+        backend = RayHostBackend(PROCESS_HOSTS)
+        try:
+            doomed, survivor = await backend.create(SPEC), await backend.create(SPEC)
+            assert doomed.host is not survivor.host
+            snapshot = await doomed.snapshot()
+            ray.kill(doomed.host.actor, no_restart=True)
+            await _until_lost(doomed)
+            assert backend.live_hosts == [survivor.host]
+            with pytest.raises(SandboxHostLostError) as lost:
+                await doomed.read_file("anything")
+            assert is_infra_error(lost.value)  # the dispatcher retries it on a new sandbox
+            with pytest.raises(SandboxHostLostError):
+                await backend.fork(snapshot, 1, SPEC)
+            await doomed.close()  # nothing to close, and no error
+            newcomer = await backend.create(SPEC)
+            assert newcomer.host is survivor.host
+            assert (await newcomer.run("echo ok")).output == "ok\n"
+            with pytest.raises(SandboxStartError):  # the live host is full (2 places)
+                await backend.create(SPEC)
+        finally:
+            await backend.close()
+        _assert_stopped(backend)
+
+    asyncio.run(main())
+
+
+@pytest.mark.ray
+def test_a_removed_node_loses_its_sandboxes(cluster: Any) -> None:
+    node = cluster.add_node(num_cpus=1, resources={"sandbox_host": 1})
+    cluster.wait_for_nodes()
+
+    async def main() -> None:
+        backend = RayHostBackend(RayHostSettings(inner="process", max_sandboxes=1, start_timeout_s=60))
+        try:
+            boxes = [await backend.create(SPEC) for _ in range(3)]
+            on_node = next(box for box in boxes if box.host.node_id == node.node_id)
+            cluster.remove_node(node)
+            await _until_lost(on_node)
+            assert len(backend.live_hosts) == 2
+            await on_node.close()
+            for box in boxes:
+                if box is not on_node:
+                    assert (await box.run("echo alive")).output == "alive\n"
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+def _docker_ready() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    inspect = ["docker", "image", "inspect", "skyrl-sandbox:base"]
+    return subprocess.run(inspect, capture_output=True, check=False).returncode == 0
+
+
+@pytest.mark.ray
+@pytest.mark.docker
+def test_docker_hosts_run_commands(cluster: Any) -> None:
+    if not _docker_ready():
+        pytest.skip("no Docker engine with the sandbox base image")
+
+    async def main() -> None:
+        settings = RayHostSettings(inner="docker", max_sandboxes=1, start_timeout_s=60)
+        backend = RayHostBackend(settings, run_id="skyrl-test")
+        try:
+            sandbox = await backend.create(SandboxSpec(memory_mb=256, pids_limit=64))
+            await sandbox.write_file("/tmp/x", "docker\n")
+            result = await sandbox.run("cat /tmp/x && id -un")
+            assert (result.output, result.exit_code) == ("docker\nsandbox\n", 0)
+            sandbox.keep_alive(60.0)
+            await sandbox.close()
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+def test_run_takes_the_ray_backend_and_its_address(tmp_path: Path) -> None:
+    argv = ["run", "--model", "scripted:oracle", "--out", str(tmp_path), "--backend", "ray"]
+    args = cli.build_parser().parse_args([*argv, "--ray-address", "ray://head:10001"])
+    assert (args.backend, args.ray_address) == ("ray", "ray://head:10001")
+    assert cli.build_parser().parse_args(argv).ray_address is None
+    no_ray = ["run", "--model", "scripted:oracle", "--out", str(tmp_path), "--ray-address", "auto"]
+    assert cli.main(no_ray) == 2  # an address without --backend ray is refused
+
+
+def test_the_train_settings_name_the_hosts() -> None:
+    settings = SWEGeneratorConfig(
+        backend="ray", ray_address="auto", ray_host_backend="process", max_sandboxes_per_host=3
+    )
+    assert settings.ray_hosts() == RayHostSettings(address="auto", inner="process", max_sandboxes=3)
+    with pytest.raises(ValueError, match="max_sandboxes_per_host"):
+        SWEGeneratorConfig(backend="ray", max_sandboxes_per_host=0)
+    with pytest.raises(ValueError, match="inner must be one of"):
+        RayHostSettings(inner="podman")
+
+
+def test_without_ray_the_backend_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
+    with pytest.raises(ValueError, match="pip install ray"):
+        make_backend("ray")
