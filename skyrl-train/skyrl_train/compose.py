@@ -122,7 +122,7 @@ class Components:
         # A factory's generator may have work to pause during weight syncs: the link pauses it with the engine.
         link = GeneratorPauseLink(built) if parts.factory is not None else None
         synced: InferenceEngine = link if link is not None else built
-        serving = VersionedEngine(synced) if parts.async_mode == "fully_async" else synced
+        serving = VersionedEngine(synced) if parts.loop.async_mode == "fully_async" else synced
         generator = self._generator(serving)
         if link is not None:
             link.attach(generator)

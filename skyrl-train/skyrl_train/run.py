@@ -184,7 +184,7 @@ class _Session:
 
     async def _loop(self) -> None:
         """The steps, as ``trainer.async_mode`` runs them."""
-        mode = self.parts.async_mode
+        mode = self.parts.loop.async_mode
         if mode == "fully_async":
             await fully_async.train(self, self.parts.stream)
         elif mode == "one_step_off":

@@ -45,7 +45,7 @@ from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
 from skyrl_train.inference.base import SamplingParams
 from skyrl_train.inference.factory import EngineKind
 from skyrl_train.inference.remote import Timeouts
-from skyrl_train.loop_settings import AsyncMode, LoopSettings
+from skyrl_train.loop_settings import LoopSettings
 from skyrl_train.modes.base import Schedule
 from skyrl_train.objective import Objective
 
@@ -135,7 +135,6 @@ class RunComponents:
     factory: FactorySettings | None = None  # the function that builds the generator; None: SkyRLGymGenerator
     actors: ActorSettings | None = None  # None: every role in this process (no Ray)
     schedule: Schedule = field(default_factory=lambda: Schedule(total_steps=0))
-    async_mode: AsyncMode = "sync"
 
 
 @dataclass(frozen=True)
@@ -260,7 +259,6 @@ def components_of(config: Config, *, total_steps: int) -> RunComponents:
         factory=generator_factory(config),
         actors=actor_settings(config, engine, with_ref=needs_ref, with_critic=critic is not None),
         schedule=Schedule(total_steps=total_steps, ckpt_interval=config.trainer.ckpt_interval),
-        async_mode=config.trainer.async_mode,
     )
 
 

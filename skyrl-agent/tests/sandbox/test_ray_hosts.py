@@ -7,8 +7,6 @@ One module-scoped cluster of two such nodes (Ray starts in seconds, so the tests
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -159,18 +157,10 @@ def test_a_removed_node_loses_its_sandboxes(cluster: Any) -> None:
     asyncio.run(main())
 
 
-def _docker_ready() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    inspect = ["docker", "image", "inspect", "skyrl-sandbox:base"]
-    return subprocess.run(inspect, capture_output=True, check=False).returncode == 0
-
-
 @pytest.mark.ray
 @pytest.mark.docker
 def test_docker_hosts_run_commands(cluster: Any) -> None:
-    if not _docker_ready():
-        pytest.skip("no Docker engine with the sandbox base image")
+    # The docker marker: the root conftest skips this by hand without Docker, and fails it in CI.
 
     async def main() -> None:
         settings = RayHostSettings(inner="docker", max_sandboxes=1, start_timeout_s=60)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from skyrl_train.annotations import type_name
 from skyrl_train.config.schema import REMOVED_KEYS, Config, ConfigError
 
 __all__ = ["apply_overrides", "from_dict", "load_config", "record_config", "to_dict", "to_yaml"]
@@ -105,7 +106,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Union or origin is types.UnionType:
         return _coerce_union(value, tp, key)
     if value is None:
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got null")
+        raise ConfigError(f"{key}: expected {type_name(tp)}, got null")
     if origin is Literal:
         return _coerce_literal(value, tp, key)
     if origin is list:
@@ -114,7 +115,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _coerce_dict(value, get_args(tp)[1], key)
     if tp in (bool, int, float, str):
         return _coerce_scalar(value, tp, key)
-    raise ConfigError(f"{key}: fields of type {_type_name(tp)} are not supported by the config loader")
+    raise ConfigError(f"{key}: fields of type {type_name(tp)} are not supported by the config loader")
 
 
 def _untyped(value: Any) -> Any:
@@ -140,7 +141,7 @@ def _coerce_union(value: Any, tp: Any, key: str) -> Any:
             return _coerce(value, option, key)
         except ConfigError:
             continue
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r}")
 
 
 def _coerce_literal(value: Any, tp: Any, key: str) -> Any:
@@ -186,7 +187,7 @@ def _coerce_list(value: Any, item_type: Any, key: str) -> list[Any]:
     if isinstance(value, _Raw):
         value = _parse_raw_list(value)
     if isinstance(value, str) or not isinstance(value, Sequence):
-        raise ConfigError(f"{key}: expected list[{_type_name(item_type)}], got {value!r}")
+        raise ConfigError(f"{key}: expected list[{type_name(item_type)}], got {value!r}")
     return [_coerce(item, item_type, f"{key}[{i}]") for i, item in enumerate(value)]
 
 
@@ -217,19 +218,6 @@ def _parse_yaml_scalar(text: str) -> Any:
         return yaml.safe_load(str(text))
     except yaml.YAMLError:
         return str(text)  # not YAML (e.g. "a: b: c"): keep the text as typed
-
-
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(c) for c in get_args(tp))
-    if origin is Union or origin is types.UnionType:
-        return " | ".join(_type_name(a) for a in get_args(tp))
-    if origin in (list, dict):
-        return f"{origin.__name__}[{', '.join(_type_name(a) for a in get_args(tp))}]"
-    if tp is type(None):
-        return "None"
-    return getattr(tp, "__name__", str(tp))
 
 
 # ----------------------------------------------------------------------------------- YAML and overrides

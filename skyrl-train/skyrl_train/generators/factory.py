@@ -69,6 +69,7 @@ from typing import (
     runtime_checkable,
 )
 
+from skyrl_train.annotations import literal_choices, type_name
 from skyrl_train.generators.base import Generator
 from skyrl_train.generators.skyrl_gym_generator import GeneratorConfig
 from skyrl_train.inference.base import EngineLoad, GenerationOutput, InferenceEngine, SamplingParams, load_of
@@ -304,32 +305,14 @@ def _unknown_key(key: str, fields: list[str], settings_name: str) -> str:
 
 
 def _misfit(key: str, value: Any, tp: Any) -> str:
-    choices = _literal_choices(tp)
+    choices = literal_choices(tp)
     if choices:
         close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         listed = ", ".join(repr(c) for c in choices)
         return f"{FACTORY_KWARGS_KEY}.{key}: unknown {key} {value!r}; expected one of {listed}{hint}"
     got = "None" if value is None else f"{type(value).__name__} {value!r}"
-    return f"{FACTORY_KWARGS_KEY}.{key}: expected {_type_name(tp)}, got {got}"
-
-
-def _literal_choices(tp: Any) -> tuple[Any, ...]:
-    """The values a ``Literal`` field (or ``Literal | None``) takes; empty for any other type."""
-    options = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
-    literals = [option for option in options if get_origin(option) is Literal]
-    return tuple(choice for literal in literals for choice in get_args(literal)) if literals else ()
-
-
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(c) for c in get_args(tp))
-    if origin is Union or origin is types.UnionType:
-        return " | ".join(_type_name(option) for option in get_args(tp))
-    if tp is type(None):
-        return "None"
-    return str(tp) if origin is not None else getattr(tp, "__name__", str(tp))
+    return f"{FACTORY_KWARGS_KEY}.{key}: expected {type_name(tp)}, got {got}"
 
 
 def build_generator(settings: FactorySettings, context: GeneratorContext) -> Generator:
