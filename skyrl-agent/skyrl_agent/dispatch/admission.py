@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "AdjustableLimit",
     "AdmissionConfig",
+    "AdmissionConfigError",
     "AdmissionController",
     "LoadReport",
     "LoadSource",
@@ -50,7 +51,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """How the run-stage limit follows the engines' load, and how fast sandboxes may start."""
+    """How the run-stage limit follows the engines' load, and how fast sandboxes may start.
+
+    Raises:
+        AdmissionConfigError: a field is out of range; the error names every such field.
+    """
 
     enabled: bool = True  # follow the load when a load source is given (False: the run limit stays at the ceiling)
     floor: int = 1  # episodes admitted at least, however loaded the engines are
@@ -63,25 +68,32 @@ class AdmissionConfig:
     start_burst: int = 1  # creations allowed at once after an idle spell (the token bucket's size)
 
     def __post_init__(self) -> None:
-        errors = []
-        if self.floor < 1:
-            errors.append(f"floor must be at least 1 (got {self.floor})")
-        if self.interval_s <= 0:
-            errors.append(f"interval_s must be positive (got {self.interval_s})")
-        if self.increase < 1:
-            errors.append(f"increase must be at least 1 (got {self.increase})")
-        if not 0 < self.decrease < 1:
-            errors.append(f"decrease must be in (0, 1) (got {self.decrease})")
-        if not 0 < self.kv_high_water <= 1:
-            errors.append(f"kv_high_water must be in (0, 1] (got {self.kv_high_water})")
-        if self.waiting_high < 0:
-            errors.append(f"waiting_high must be at least 0 (got {self.waiting_high})")
-        if self.starts_per_s is not None and self.starts_per_s <= 0:
-            errors.append(f"starts_per_s must be positive or None (got {self.starts_per_s})")
-        if self.start_burst < 1:
-            errors.append(f"start_burst must be at least 1 (got {self.start_burst})")
-        if errors:
-            raise ValueError("invalid AdmissionConfig: " + "; ".join(errors))
+        checks = {
+            "floor": (self.floor >= 1, "must be at least 1"),
+            "interval_s": (self.interval_s > 0, "must be positive"),
+            "increase": (self.increase >= 1, "must be at least 1"),
+            "decrease": (0 < self.decrease < 1, "must be in (0, 1)"),
+            "kv_high_water": (0 < self.kv_high_water <= 1, "must be in (0, 1]"),
+            "waiting_high": (self.waiting_high >= 0, "must be at least 0"),
+            "starts_per_s": (self.starts_per_s is None or self.starts_per_s > 0, "must be positive or None"),
+            "start_burst": (self.start_burst >= 1, "must be at least 1"),
+        }
+        problems = {name: f"{rule} (got {getattr(self, name)})" for name, (ok, rule) in checks.items() if not ok}
+        if problems:
+            raise AdmissionConfigError(problems)
+
+
+class AdmissionConfigError(ValueError):
+    """Fields of an :class:`AdmissionConfig` out of range, all of them at once.
+
+    Attributes:
+        problems: Each such field's name and what is wrong with it (e.g. ``{"floor": "must be at least 1 (got 0)"}``),
+            so that a caller whose keys have other names (a run config's) can name its own.
+    """
+
+    def __init__(self, problems: dict[str, str]) -> None:
+        super().__init__("invalid AdmissionConfig: " + "; ".join(f"{name} {what}" for name, what in problems.items()))
+        self.problems = problems
 
 
 class LoadReport(Protocol):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from skyrl_agent.dispatch import Timeouts
+from skyrl_agent.dispatch.admission import AdmissionConfig, AdmissionConfigError
 
 if TYPE_CHECKING:
     from skyrl_agent.sandbox.ray_hosts import RayHostSettings
@@ -23,6 +24,7 @@ __all__ = ["BackendName", "SWEGeneratorConfig"]
 
 BackendName = Literal["docker", "local", "process", "ray"]
 _DEFAULT_TIMEOUTS = Timeouts()
+_DEFAULT_ADMISSION = AdmissionConfig()
 _AT_LEAST_ONE = (
     "max_turns",
     "max_input_length",
@@ -32,6 +34,16 @@ _AT_LEAST_ONE = (
     "max_episode_attempts",
     "max_sandboxes_per_host",
 )
+# The AdmissionConfig field each key sets (its range checks are AdmissionConfig's; errors name the key).
+_ADMISSION_KEYS = {
+    "enabled": "admission",
+    "floor": "admission_floor",
+    "interval_s": "admission_interval_s",
+    "kv_high_water": "admission_kv_high_water",
+    "waiting_high": "admission_waiting_high",
+    "starts_per_s": "sandbox_starts_per_s",
+    "start_burst": "sandbox_start_burst",
+}
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,8 @@ class SWEGeneratorConfig:
     """What ``generator.factory_kwargs`` may set for SWE episodes; the defaults are the keys' defaults.
 
     Raises:
-        ValueError: a count or limit (``max_*``) is below 1; the message names every such key.
+        ValueError: a count or limit (``max_*``) is below 1, or an admission key is out of range; the message names
+            every such key.
     """
 
     # docker (isolated containers of the task's image), local (bubblewrap over the image's filesystem) or process
@@ -71,6 +84,15 @@ class SWEGeneratorConfig:
     # instead of the ReAct agent, this unmodified agent program (e.g. mini-swe-agent) plays each episode, its model
     # calls going through a gateway over the run's engine that records the tokens (integrations.harness)
     harness: str | None = None
+    # Admission (skyrl_agent.dispatch.admission): the episodes running at once follow the engines' reported load,
+    # between admission_floor and max_concurrent_episodes; false: always max_concurrent_episodes
+    admission: bool = _DEFAULT_ADMISSION.enabled
+    admission_floor: int = _DEFAULT_ADMISSION.floor  # episodes running at once at least, however loaded the engines
+    admission_interval_s: float = _DEFAULT_ADMISSION.interval_s  # wall seconds between two adjustments of the limit
+    admission_kv_high_water: float = _DEFAULT_ADMISSION.kv_high_water  # KV-cache use (0..1) that counts as saturated
+    admission_waiting_high: int = _DEFAULT_ADMISSION.waiting_high  # more requests waiting than this: saturated
+    sandbox_starts_per_s: float | None = _DEFAULT_ADMISSION.starts_per_s  # sandbox creations per second; None: any
+    sandbox_start_burst: int = _DEFAULT_ADMISSION.start_burst  # creations at once after an idle spell (with the rate)
 
     def __post_init__(self) -> None:
         problems = [
@@ -78,8 +100,16 @@ class SWEGeneratorConfig:
             for name in _AT_LEAST_ONE
             if (value := getattr(self, name)) is not None and value < 1
         ]
+        try:
+            self.admission_config()
+        except AdmissionConfigError as exc:
+            problems += [f"generator.factory_kwargs.{_ADMISSION_KEYS[f]} {what}" for f, what in exc.problems.items()]
         if problems:
             raise ValueError("; ".join(problems))
+
+    def admission_config(self) -> AdmissionConfig:
+        """The generator's admission: the ``admission*`` and ``sandbox_start*`` keys (other fields: the defaults)."""
+        return AdmissionConfig(**{field: getattr(self, key) for field, key in _ADMISSION_KEYS.items()})
 
     def ray_hosts(self) -> RayHostSettings:
         """The sandbox hosts of ``backend: ray``."""

@@ -181,6 +181,7 @@ def agent_config(settings: SWEGeneratorConfig, run: GeneratorConfig, *, seed: in
         dispatcher=dispatcher_config(settings, run, seed=seed),
         env_options=env_options,
         labels={RUN_LABEL: run_id},
+        admission=settings.admission_config(),
     )
 
 

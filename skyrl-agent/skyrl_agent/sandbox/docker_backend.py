@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -160,7 +161,11 @@ class DockerSandbox(ShellSandbox):
         self.expires_at = max(self.expires_at, time.monotonic() + seconds)
 
     async def snapshot(self) -> Snapshot:
-        """Commit the container's filesystem to a labelled image (≈70 ms measured); the backend removes it on close."""
+        """Commit the container's filesystem to a labelled image (≈70 ms measured).
+
+        The backend removes the image once it is discarded and unused (:meth:`DockerBackend.discard_snapshot`), or
+        on close.
+        """
         self._check_open()
         return await self._backend.commit(self)
 
@@ -205,7 +210,8 @@ class DockerBackend:
             sandboxes it holds alive through its deadlines and pauses (``Timeouts.sandbox_lifetime_s``).
 
     The backend owns (``skyrl.owner``) what it creates and holds a :class:`Lease` from its first ``create`` to
-    its ``close``. ``close`` removes the sandboxes still open and the snapshot images this backend committed, then
+    its ``close``. A snapshot image goes once it is discarded and nothing uses it (:meth:`discard_snapshot`).
+    ``close`` removes the sandboxes still open and the snapshot images this backend committed that are left, then
     releases the lease. IDs of containers and images that could not be removed are kept in ``leaked``.
     """
 
@@ -240,7 +246,10 @@ class DockerBackend:
             type=docker.types.LogConfig.types.JSON, config={"max-size": log_max_size, "max-file": str(log_max_files)}
         )
         self._open: dict[str, DockerSandbox] = {}
-        self._images: list[str] = []
+        self._images: dict[str, None] = {}  # snapshot images not yet removed, in commit order (children last)
+        self._parents: dict[str, str] = {}  # snapshot image → the snapshot image its container started from
+        self._discarded: set[str] = set()  # snapshot images to remove once nothing uses them
+        self._forking: Counter[str] = Counter()  # snapshot image → forks from it in flight
         self.leaked: list[str] = []
         self._unconfirmed: list[str] = []  # names of containers a failed create may have made, not yet removed
 
@@ -299,13 +308,30 @@ class DockerBackend:
         """``n`` containers from the committed image of ``snapshot`` (≈0.18 s each; starts are rate-bound)."""
         check_snapshot_backend(snapshot, self.name)
         forked = replace(spec, image=snapshot.ref)
-        results = await asyncio.gather(*(self.create(forked) for _ in range(n)), return_exceptions=True)
+        self._forking[snapshot.ref] += 1  # the image may not go while its containers are being created
+        try:
+            results = await asyncio.gather(*(self.create(forked) for _ in range(n)), return_exceptions=True)
+        finally:
+            self._forking -= Counter({snapshot.ref: 1})  # (drops the key at zero)
         sandboxes = [r for r in results if isinstance(r, DockerSandbox)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await asyncio.gather(*(s.close() for s in sandboxes))
+            await self._remove_discarded()  # discarded while this fork, which left nothing, was in flight
             raise errors[0]
         return sandboxes
+
+    async def discard_snapshot(self, snapshot: Snapshot) -> None:
+        """Remove the image of ``snapshot`` now, or once the last container or image that uses it is removed.
+
+        The daemon refuses, even forced, to remove an image that a running container or a child image (a snapshot
+        of one of its forks) uses, and force-untagging it instead would leave it dangling, unowned, until a prune.
+        So the removal waits for the last user; forks already made keep running, and ``close`` removes whatever
+        is still waiting. Idempotent; a snapshot this backend does not keep (another's, or one removed) is ignored.
+        """
+        if snapshot.backend == self.name and snapshot.ref in self._images:
+            self._discarded.add(snapshot.ref)
+            await self._remove_discarded()
 
     async def commit(self, sandbox: DockerSandbox) -> Snapshot:
         """Commit ``sandbox`` to a labelled image owned by this backend."""
@@ -315,7 +341,9 @@ class DockerBackend:
         image = await asyncio.to_thread(
             sandbox.container.commit, repository="skyrl-snapshot", tag=uuid.uuid4().hex[:12], conf={"Labels": labels}
         )
-        self._images.append(image.id)
+        self._images[image.id] = None
+        if sandbox.spec.image in self._images:  # a fork's snapshot: a child image, which holds its parent
+            self._parents[image.id] = sandbox.spec.image
         return Snapshot(backend=self.name, ref=image.id)
 
     async def remove(self, sandbox: DockerSandbox) -> None:
@@ -332,6 +360,29 @@ class DockerBackend:
             raise SandboxError(
                 f"container {sandbox.id} could not be removed; run `skyrl-agent reap --run {self.run_id}`"
             )
+        if sandbox.spec.image in self._discarded:  # a fork of a discarded snapshot: maybe its last user
+            await self._remove_discarded()
+
+    def _in_use(self, image_id: str) -> bool:
+        """Whether an open sandbox, a fork in flight or a kept child image still needs the snapshot image."""
+        return (
+            image_id in self._forking
+            or any(sandbox.spec.image == image_id for sandbox in self._open.values())
+            or any(parent == image_id for parent in self._parents.values())
+        )
+
+    async def _remove_discarded(self) -> None:
+        """Remove the discarded images that nothing uses, children first (removing one may free its parent).
+
+        An image leaves ``_discarded`` before its removal starts, so concurrent calls never remove it twice; one
+        that resists stays in ``_images`` for :meth:`close` to try again.
+        """
+        while unused := [i for i in reversed(self._images) if i in self._discarded and not self._in_use(i)]:
+            image_id = unused[0]
+            self._discarded.discard(image_id)
+            if await asyncio.to_thread(retry_remove, self._client.images.remove, image_id, f"image {image_id}"):
+                self._images.pop(image_id, None)
+                self._parents.pop(image_id, None)
 
     async def close(self) -> None:
         """Remove the open sandboxes and the committed snapshot images, then release the lease; idempotent.
@@ -345,7 +396,9 @@ class DockerBackend:
             await asyncio.gather(expiry, return_exceptions=True)
         results = await asyncio.gather(*(s.close() for s in list(self._open.values())), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        images, self._images = self._images, []
+        images, self._images = list(reversed(self._images)), {}  # children before their parents
+        self._parents.clear()
+        self._discarded.clear()
         unconfirmed, self._unconfirmed = self._unconfirmed, []
         if self._client is not None:
             for name in unconfirmed:

@@ -13,7 +13,8 @@ address space and file size. Timeouts are enforced inside, and a command's lefto
 returns, as for Docker (:mod:`.shell`).
 
 * ``snapshot`` copies the upper dir (a frozen layer); ``fork`` mounts a new overlay with that layer as the top
-  lower layer (a few ms). Snapshots are removed by :meth:`LocalBackend.close`.
+  lower layer (a few ms). A discarded snapshot's layer is deleted once no mounted overlay and no kept snapshot
+  stacks on it (:meth:`LocalBackend.discard_snapshot`); :meth:`LocalBackend.close` deletes the rest.
 * The image rootfs is exported once from Docker (:func:`export_rootfs`, cached per image id), or the caller
   passes a directory.
 * Mounting overlayfs needs root (CAP_SYS_ADMIN). Without it the backend falls back to copying the rootfs and
@@ -40,6 +41,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,6 +238,7 @@ class LocalSandbox(ShellSandbox):
         self._closed = True
         await self._shell.close()
         await asyncio.to_thread(_destroy, self.dirs)
+        await self._backend.forget(self)
 
 
 def _bwrap_argv(spec: SandboxSpec, merged: Path, tmp_size_mb: int) -> list[str]:
@@ -261,6 +264,11 @@ def _bwrap_argv(spec: SandboxSpec, merged: Path, tmp_size_mb: int) -> list[str]:
         "--chdir", spec.workdir,
         "/bin/bash", "--noprofile", "--norc", "-c", inner, "skyrl",
     ]  # fmt: skip
+
+
+def _delete_layers(layers: list[Path]) -> None:
+    for layer in layers:
+        shutil.rmtree(layer, ignore_errors=True)
 
 
 def _destroy(dirs: _Dirs) -> None:
@@ -306,6 +314,9 @@ class LocalBackend:
         self.tmp_size_mb = tmp_size_mb
         self._counter = 0
         self._open: set[LocalSandbox] = set()
+        self._layers: dict[Path, list[Path]] = {}  # kept snapshot layer → the layers it stacks on (when mounted)
+        self._discarded: set[Path] = set()  # snapshot layers to delete once nothing stacks on them
+        self._forking: Counter[Path] = Counter()  # snapshot layer → forks from it in flight
 
     async def create(self, spec: SandboxSpec, *, lowers: list[Path] | None = None) -> LocalSandbox:
         """Start a sandbox over ``lowers`` (top first; default: the rootfs alone)."""
@@ -329,7 +340,46 @@ class LocalBackend:
         """``n`` sandboxes whose lower layers are the snapshot's (one overlay mount each)."""
         check_snapshot_backend(snapshot, self.name)
         lowers = [Path(p) for p in snapshot.ref.split(":")]
-        return list(await asyncio.gather(*(self.create(spec, lowers=lowers) for _ in range(n))))
+        self._forking[lowers[0]] += 1  # the layer may not go while overlays are mounted on it (or copies made)
+        try:
+            return list(await asyncio.gather(*(self.create(spec, lowers=lowers) for _ in range(n))))
+        finally:
+            self._forking -= Counter({lowers[0]: 1})  # (drops the key at zero)
+            if lowers[0] in self._discarded:  # discarded while this fork was in flight
+                await self._remove_discarded()
+
+    async def discard_snapshot(self, snapshot: Snapshot) -> None:
+        """Delete the layer of ``snapshot`` now, or once the last overlay or kept snapshot stacked on it is gone.
+
+        A mounted fork reads the layer as its overlay's lower layer, whose files must not change under it, so the
+        deletion waits for the last such fork to close (a fork that copied the layers does not use it).
+        Idempotent; a snapshot this backend does not keep (another's, or one deleted) is ignored.
+        """
+        layer = Path(snapshot.ref.split(":")[0])
+        if snapshot.backend == self.name and layer in self._layers:
+            self._discarded.add(layer)
+            await self._remove_discarded()
+
+    async def forget(self, sandbox: LocalSandbox) -> None:
+        """Note that ``sandbox`` is closed: a discarded snapshot it was the last user of is deleted now."""
+        self._open.discard(sandbox)
+        await self._remove_discarded()
+
+    def _in_use(self, layer: Path) -> bool:
+        """Whether a fork in flight, an open mounted sandbox or a kept snapshot stacks on ``layer``."""
+        return (
+            layer in self._forking
+            or any(sandbox.dirs.mounted and layer in sandbox.lowers for sandbox in self._open)
+            or any(layer in lowers for lowers in self._layers.values())
+        )
+
+    async def _remove_discarded(self) -> None:
+        """Delete the discarded layers nothing uses (deleting one may free those it stacked on)."""
+        while unused := [layer for layer in self._discarded if not self._in_use(layer)]:
+            for layer in unused:  # off the books before the deletion starts: concurrent calls delete it once
+                self._discarded.discard(layer)
+                del self._layers[layer]
+            await asyncio.to_thread(_delete_layers, unused)
 
     async def freeze(self, sandbox: LocalSandbox) -> Snapshot:
         """Copy ``sandbox``'s upper dir into a snapshot layer owned by this backend."""
@@ -338,13 +388,17 @@ class LocalBackend:
         # cp -a keeps owners, modes, whiteouts (device nodes) and opaque-dir xattrs of the overlay upper dir.
         await asyncio.to_thread(subprocess.run, ["cp", "-a", str(sandbox.dirs.upper), str(layer)], check=True)
         if not sandbox.dirs.mounted:
+            self._layers[layer] = []
             return Snapshot(backend=self.name, ref=str(layer))  # a full copy: the layer is a whole root
+        self._layers[layer] = sandbox.lowers
         return Snapshot(backend=self.name, ref=":".join(map(str, [layer, *sandbox.lowers])))
 
     async def close(self) -> None:
         """Close open sandboxes and delete the work dir (snapshots included); idempotent."""
         await asyncio.gather(*(s.close() for s in list(self._open)))
         self._open.clear()
+        self._layers.clear()
+        self._discarded.clear()
         await asyncio.to_thread(shutil.rmtree, self.work_dir, True)
         lock_fd, self._lock_fd = self._lock_fd, None
         if lock_fd is not None:

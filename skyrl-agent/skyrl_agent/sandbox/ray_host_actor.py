@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from skyrl_agent.sandbox.backends import MACHINE_BACKENDS, make_machine_backend
 from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxBackend, SandboxClosedError, SandboxSpec, Snapshot
@@ -36,12 +36,23 @@ class SandboxHost:
         inner: The backend this host creates sandboxes with: one of :data:`INNER_BACKENDS`.
         run_id: The run's id (the Docker backend labels its containers with it).
         lifetime_s: How long an unclosed Docker sandbox may live (``None``: no lifetime).
+        make_inner: Makes the inner backend instead (``inner`` is then ignored): a modelled backend for simulated
+            hosts, as the scale benchmark runs. Ray pickles it to the host's node, so it must be importable there.
     """
 
-    def __init__(self, inner: str, run_id: str | None, lifetime_s: float | None) -> None:
-        if inner not in INNER_BACKENDS:
+    def __init__(
+        self,
+        inner: str,
+        run_id: str | None,
+        lifetime_s: float | None,
+        make_inner: Callable[[], SandboxBackend] | None = None,
+    ) -> None:
+        if make_inner is not None:
+            self.backend: SandboxBackend = make_inner()
+        elif inner in INNER_BACKENDS:
+            self.backend = make_machine_backend(inner, run_id=run_id, lifetime_s=lifetime_s)
+        else:
             raise ValueError(f"a sandbox host runs one of {', '.join(INNER_BACKENDS)}, not {inner!r}")
-        self.backend: SandboxBackend = make_machine_backend(inner, run_id=run_id, lifetime_s=lifetime_s)
         self.sandboxes: dict[str, Sandbox] = {}
         self.abandoned: set[str] = set()  # keys the driver closed before their sandbox existed
 
@@ -49,12 +60,19 @@ class SandboxHost:
         """The inner backend's name and this process's id, once the actor has started."""
         return self.backend.name, os.getpid()
 
-    async def create(self, key: str, spec: SandboxSpec) -> str:
-        """Start a sandbox from ``spec``, held under ``key``; returns its id."""
+    async def held(self) -> int:
+        """How many sandboxes this host holds open (what a run left behind, once its episodes are done)."""
+        return len(self.sandboxes)
+
+    async def create(self, key: str, spec: SandboxSpec) -> tuple[str, bool]:
+        """Start a sandbox from ``spec``, held under ``key``; returns its id and whether it expires on its own.
+
+        Only sandboxes that expire (have ``keep_alive``) get the driver's promises: each would be an actor call.
+        """
         return await self._hold(key, await self.backend.create(spec))
 
-    async def fork(self, snapshot: Snapshot, keys: Sequence[str], spec: SandboxSpec) -> list[str]:
-        """Start one sandbox per key from ``snapshot`` (one the inner backend made); returns their ids."""
+    async def fork(self, snapshot: Snapshot, keys: Sequence[str], spec: SandboxSpec) -> list[tuple[str, bool]]:
+        """Start one sandbox per key from ``snapshot`` (one the inner backend made); as :meth:`create`, per key."""
         sandboxes = await self.backend.fork(snapshot, len(keys), spec)
         return [await self._hold(key, sandbox) for key, sandbox in zip(keys, sandboxes, strict=True)]
 
@@ -103,13 +121,13 @@ class SandboxHost:
                 log.warning("closing sandbox %s on shutdown failed: %r", sandbox.id, result)
         await self.backend.close()
 
-    async def _hold(self, key: str, sandbox: Sandbox) -> str:
+    async def _hold(self, key: str, sandbox: Sandbox) -> tuple[str, bool]:
         if key in self.abandoned:
             self.abandoned.discard(key)
             await sandbox.close()
         else:
             self.sandboxes[key] = sandbox
-        return sandbox.id
+        return sandbox.id, callable(getattr(sandbox, "keep_alive", None))
 
     def _get(self, key: str) -> Sandbox:
         try:

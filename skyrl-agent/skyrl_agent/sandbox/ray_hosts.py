@@ -10,7 +10,10 @@
   ``RayHostSettings.resource``, pinned there (node affinity; it asks for no CPU: its sandboxes have their own
   limits). Each makes its sandboxes with the inner backend ``RayHostSettings.inner`` of its node.
 * ``create`` places a sandbox on the live host that holds the fewest (each holds ``max_sandboxes`` at most);
-  ``fork`` goes to the host that made the snapshot (the snapshot's ``ref`` names its node).
+  ``fork`` goes to the host that made the snapshot (the snapshot's ``ref`` names its node). When every place is
+  taken, a start waits for one to free (``place_wait_s`` at most): the dispatcher may ask for more sandboxes at
+  once (episodes, their graders, prefetched starts) than the hosts hold, and a wait costs nothing where an error
+  would be retried, counted against the circuit breaker, and end as an infrastructure failure.
 * A :class:`RaySandbox` is the driver's handle: each method awaits the owning actor. Exceptions of the inner
   sandbox (``SandboxError``, ``FileNotFoundError``, …) reach the caller as they were raised on the host.
 
@@ -44,6 +47,7 @@ from typing import Any
 from skyrl_agent.sandbox.base import (
     CommandResult,
     Sandbox,
+    SandboxBackend,
     SandboxClosedError,
     SandboxSpec,
     SandboxStartError,
@@ -78,6 +82,7 @@ class RayHostSettings:
     inner: str = "docker"  # what each host runs: docker, local, or process (NOT isolated: trusted tasks only)
     max_sandboxes: int = 32  # sandboxes one host holds at once
     start_timeout_s: float = 120.0  # how long the host actors may take to start (an image pull, a rootfs export)
+    place_wait_s: float = 300.0  # how long a sandbox start waits for a free place when every host is full
 
     def __post_init__(self) -> None:
         problems = []
@@ -87,6 +92,8 @@ class RayHostSettings:
             problems.append(f"max_sandboxes must be at least 1, got {self.max_sandboxes}")
         if self.start_timeout_s <= 0:
             problems.append(f"start_timeout_s must be a positive number of seconds, got {self.start_timeout_s:g}")
+        if self.place_wait_s < 0:
+            problems.append(f"place_wait_s must be 0 or more seconds, got {self.place_wait_s:g}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -169,13 +176,14 @@ class RaySandbox:
     """A sandbox held by a host actor; each method awaits that actor (module docstring).
 
     Also an :class:`~.base.ExpiringSandbox`: ``keep_alive`` goes on to an inner sandbox that expires (Docker with
-    a lifetime); other inner sandboxes ignore it.
+    a lifetime); for the others it sends nothing (each promise would be an actor call, several per episode).
     """
 
-    def __init__(self, backend: RayHostBackend, host: _Host, key: str, sandbox_id: str) -> None:
+    def __init__(self, backend: RayHostBackend, host: _Host, key: str, sandbox_id: str, expires: bool) -> None:
         self.id = sandbox_id  # the inner sandbox's id
         self.key = key  # what the host holds it under
         self.host = host
+        self.expires = expires  # the inner sandbox has keep_alive
         self._backend = backend
         self._closed = False
 
@@ -200,7 +208,7 @@ class RaySandbox:
 
     def keep_alive(self, seconds: float) -> None:
         """Promise the inner sandbox ``seconds`` more (sent without waiting: Ray runs it before later calls)."""
-        if not self._closed and self.host.gone is None:
+        if self.expires and not self._closed and self.host.gone is None:
             self.host.actor.keep_alive.remote(self.key, seconds)
 
     async def close(self) -> None:
@@ -227,6 +235,8 @@ class RayHostBackend:
         settings: The cluster, the resource naming hosts, the inner backend and each host's capacity.
         run_id: The run's id (the Docker inner backend labels its containers with it).
         lifetime_s: How long an unclosed Docker sandbox may live (``None``: no lifetime).
+        make_inner: Makes each host's inner backend instead of ``settings.inner`` (simulated hosts: a modelled
+            backend, as ``benchmarks/ray_hosts_bench.py`` runs); pickled to every host node.
 
     Raises:
         ImportError: Ray is not installed (``pip install ray``).
@@ -236,17 +246,23 @@ class RayHostBackend:
     name = "ray"
 
     def __init__(
-        self, settings: RayHostSettings | None = None, *, run_id: str | None = None, lifetime_s: float | None = None
+        self,
+        settings: RayHostSettings | None = None,
+        *,
+        run_id: str | None = None,
+        lifetime_s: float | None = None,
+        make_inner: Callable[[], SandboxBackend] | None = None,
     ) -> None:
         self.settings = settings or RayHostSettings()
         ray = import_ray()
         self._started_ray = connect_ray(self.settings.address, self.settings.resource)
         try:
-            self.hosts = _start_hosts(ray, self.settings, run_id, lifetime_s)
+            self.hosts = _start_hosts(ray, self.settings, run_id, lifetime_s, make_inner)
         except BaseException:
             if self._started_ray:
                 ray.shutdown()
             raise
+        self._freed = asyncio.Event()  # set when places free up (then replaced)
         self._closed = False
 
     @property
@@ -257,20 +273,16 @@ class RayHostBackend:
     async def create(self, spec: SandboxSpec) -> RaySandbox:
         """Start a sandbox on the live host that holds the fewest.
 
+        Waits for a free place while every live host is full (``place_wait_s`` at most).
+
         Raises:
             SandboxUnavailableError: every host is lost (:class:`SandboxHostLostError` when the one tried dies).
-            SandboxStartError: every live host is full, or the inner backend could not start the sandbox.
+            SandboxStartError: no place freed in time, or the inner backend could not start the sandbox.
         """
-        live = self.live_hosts
-        if not live:
-            raise SandboxUnavailableError(
-                f"all {len(self.hosts)} sandbox hosts of the Ray cluster are lost; add nodes offering "
-                f"{self.settings.resource!r} and start the run again"
-            )
-        host = min(live, key=lambda candidate: candidate.held)
+        host = await self._place(1)
         key = _new_key()
 
-        async def made() -> list[str]:
+        async def made() -> list[tuple[str, bool]]:
             return [await host.call("create", key, spec)]
 
         [sandbox] = await self._start(host, [key], made)
@@ -282,11 +294,10 @@ class RayHostBackend:
         Raises:
             ValueError: the snapshot is not one of this backend's hosts'.
             SandboxHostLostError: the host that made it is lost (and its snapshots with it).
-            SandboxStartError: that host has fewer than ``n`` free places.
+            SandboxStartError: that host holds fewer than ``n`` sandboxes, or ``n`` places did not free in time.
         """
         host, inner = self._snapshot_host(snapshot)
-        if host.gone is not None:
-            raise host.lost()
+        await self._place(n, host)
         keys = [_new_key() for _ in range(n)]
         return [*await self._start(host, keys, lambda: host.call("fork", inner, keys, spec))]
 
@@ -300,6 +311,8 @@ class RayHostBackend:
     def release(self, host: _Host, n: int) -> None:
         """``n`` sandboxes of ``host`` are closed (or never started): their places are free again."""
         host.held -= n
+        self._freed.set()  # wakes the starts waiting for a place; the next release sets a new event
+        self._freed = asyncio.Event()
 
     async def close(self) -> None:
         """Close every sandbox still open on the live hosts, stop the host actors (and Ray, if this started it).
@@ -325,31 +338,67 @@ class RayHostBackend:
         if failed:
             raise failed[0]
 
-    async def _start(self, host: _Host, keys: list[str], start: Callable[[], Awaitable[list[str]]]) -> list[RaySandbox]:
-        """Reserve places on ``host``, then await ``start()`` (the host making one sandbox per key).
+    async def _place(self, n: int, on: _Host | None = None) -> _Host:
+        """Reserve ``n`` places on ``on`` (or on the live host that holds the fewest), once they are free.
+
+        Raises:
+            SandboxUnavailableError: every host is lost, or ``on`` is (:class:`SandboxHostLostError`).
+            SandboxStartError: ``n`` exceeds a host's capacity, or no place freed within ``place_wait_s``.
+        """
+        capacity = self.settings.max_sandboxes
+        if n > capacity:
+            raise SandboxStartError(f"a sandbox host holds {capacity} sandboxes, not {n}: raise max_sandboxes")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.place_wait_s
+        while True:
+            host = on or self._least_held()
+            if host.gone is not None:
+                raise host.lost()
+            if host.held + n <= capacity:
+                host.held += n
+                return host
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise SandboxStartError(
+                    f"the sandbox host on Ray node {host.node_id[:12]} holds {host.held} of its {capacity} sandboxes "
+                    f"and no place for {n} more freed within {self.settings.place_wait_s:g} s: raise max_sandboxes, "
+                    "add sandbox hosts, or run fewer episodes at once"
+                )
+            # Woken by a release; at least every second, to see hosts that were lost meanwhile.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), min(remaining, 1.0))
+
+    def _least_held(self) -> _Host:
+        """The live host holding the fewest sandboxes.
+
+        Raises:
+            SandboxUnavailableError: every host is lost.
+        """
+        live = self.live_hosts
+        if not live:
+            raise SandboxUnavailableError(
+                f"all {len(self.hosts)} sandbox hosts of the Ray cluster are lost; add nodes offering "
+                f"{self.settings.resource!r} and start the run again"
+            )
+        return min(live, key=lambda candidate: candidate.held)
+
+    async def _start(
+        self, host: _Host, keys: list[str], start: Callable[[], Awaitable[list[tuple[str, bool]]]]
+    ) -> list[RaySandbox]:
+        """Await ``start()`` (the host making one sandbox per key) on places already reserved on ``host``.
 
         The places are given back if the start fails; if the caller is cancelled, the host closes each sandbox
         as soon as it exists.
-
-        Raises:
-            SandboxStartError: ``host`` has fewer free places than ``keys``.
         """
-        if host.held + len(keys) > self.settings.max_sandboxes:
-            raise SandboxStartError(
-                f"the sandbox host on Ray node {host.node_id[:12]} holds {host.held} of its "
-                f"{self.settings.max_sandboxes} sandboxes and cannot start {len(keys)} more: raise max_sandboxes, "
-                "add sandbox hosts, or run fewer episodes at once"
-            )
-        host.held += len(keys)
         try:
-            ids = await start()
+            made = await start()
         except BaseException as exc:
             self.release(host, len(keys))
             if isinstance(exc, asyncio.CancelledError):
                 for key in keys:
                     host.actor.close.remote(key)
             raise
-        return [RaySandbox(self, host, key, sandbox_id) for key, sandbox_id in zip(keys, ids, strict=True)]
+        return [RaySandbox(self, host, key, *started) for key, started in zip(keys, made, strict=True)]
 
     def _snapshot_host(self, snapshot: Snapshot) -> tuple[_Host, Snapshot]:
         """The host that made ``snapshot`` (lost or not) and the inner snapshot it knows.
@@ -370,7 +419,13 @@ def _new_key() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def _start_hosts(ray: Any, settings: RayHostSettings, run_id: str | None, lifetime_s: float | None) -> list[_Host]:
+def _start_hosts(
+    ray: Any,
+    settings: RayHostSettings,
+    run_id: str | None,
+    lifetime_s: float | None,
+    make_inner: Callable[[], SandboxBackend] | None,
+) -> list[_Host]:
     """One started host actor per host node (module docstring).
 
     Raises:
@@ -388,7 +443,7 @@ def _start_hosts(ray: Any, settings: RayHostSettings, run_id: str | None, lifeti
     actor_class = remote(num_cpus=0, max_restarts=0)(SandboxHost)
     actors = [
         actor_class.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-            settings.inner, run_id, lifetime_s
+            settings.inner, run_id, lifetime_s, make_inner
         )
         for node in nodes
     ]

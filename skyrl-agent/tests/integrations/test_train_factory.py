@@ -15,6 +15,7 @@ import pytest
 from skyrl_agent import cli
 from skyrl_agent.agents.actions import SUBMIT, bash_block
 from skyrl_agent.agents.swe_env import instructions, task_from_options
+from skyrl_agent.dispatch.admission import AdmissionConfig
 from skyrl_agent.integrations.train_factory import ENV_CLASS, RUN_LABEL, dataset_rows, export_dataset, swe_generator
 from skyrl_agent.tasks import SUITE_PATH, load_suite
 
@@ -148,6 +149,90 @@ def test_bad_kwargs_are_named_by_the_run_config_validation(tiny_model_dir: Path,
     with pytest.raises(config.ConfigError) as raised:
         config.validate(run)
     assert all(problem in str(raised.value) for problem in expected)
+
+
+class _Reporting:
+    """An engine seen only through its ``load()`` (the generators here are built, never run)."""
+
+    def __init__(self, load: Any) -> None:
+        self.current = load
+
+    def load(self) -> Any:
+        return self.current
+
+
+def _admission(tokenizer: Any, tmp_path: Path, load: Any, **kwargs: Any) -> Any:
+    """The admission controller of a generator built from ``kwargs`` over an engine reporting ``load``."""
+    from skyrl_train.generators.factory import GeneratorPauseLink
+
+    engine = GeneratorPauseLink(_Reporting(load))  # type: ignore[arg-type]  # what a run gives the factory
+    context = _context(engine, tokenizer, tmp_path, max_concurrent_trajectories=8)
+    return swe_generator(context, backend="process", **kwargs).admission
+
+
+def test_admission_keys_set_the_generators_controller(tokenizer: Any, tmp_path: Path) -> None:
+    from skyrl_train.inference.base import EngineLoad
+
+    warm, queued = EngineLoad(2, 0, 0.6), EngineLoad(2, 6, None)
+    default = _admission(tokenizer, tmp_path, warm)
+    assert default.config == AdmissionConfig()  # the keys' defaults are the controller's
+    assert default.follows_load
+    assert default.starts is None
+    assert default.poll(8) == 8  # 0.6 of the cache is headroom under the default high water (0.9)
+    assert _admission(tokenizer, tmp_path, queued).poll(8) == 4  # 6 waiting > 4: saturated, halved
+    keys = {
+        "admission_floor": 6,
+        "admission_interval_s": 2.5,
+        "admission_kv_high_water": 0.5,
+        "admission_waiting_high": 7,
+        "sandbox_starts_per_s": 4.0,
+        "sandbox_start_burst": 3,
+    }
+    tuned = _admission(tokenizer, tmp_path, warm, **keys)
+    assert tuned.config == AdmissionConfig(
+        floor=6, interval_s=2.5, kv_high_water=0.5, waiting_high=7, starts_per_s=4.0, start_burst=3
+    )
+    assert tuned.poll(8) == 6  # 0.6 ≥ 0.5: saturated; halving would give 4, the floor keeps 6
+    assert _admission(tokenizer, tmp_path, queued, **keys).poll(8) == 8  # 6 waiting ≤ 7: steady at the ceiling
+    assert (tuned.starts.rate_per_s, tuned.starts.burst) == (4.0, 3)
+
+
+def test_admission_off_leaves_the_fixed_limit_and_keeps_the_start_rate(tokenizer: Any, tmp_path: Path) -> None:
+    from skyrl_train.inference.base import EngineLoad
+
+    full = EngineLoad(8, 20, 1.0)
+    assert _admission(tokenizer, tmp_path, full).follows_load
+    assert _admission(tokenizer, tmp_path, full, admission=False) is None
+    rate_only = _admission(tokenizer, tmp_path, full, admission=False, sandbox_starts_per_s=2.0)
+    assert not rate_only.follows_load
+    assert rate_only.poll(8) == 8  # however full the engine
+    assert rate_only.starts.rate_per_s == 2.0
+
+
+def test_bad_admission_keys_are_named_at_validation(tokenizer: Any) -> None:
+    from skyrl_train.generators.factory import FactorySettings, check_factory
+
+    path = "skyrl_agent.integrations.train_factory:swe_generator"
+    bad = {
+        "admission_floor": 0,
+        "admission_interval_s": 0.0,
+        "admission_kv_high_water": 1.5,
+        "admission_waiting_high": -1,
+        "sandbox_starts_per_s": 0.0,
+        "sandbox_start_burst": 0,
+    }
+    assert check_factory(FactorySettings(path, bad)) == [
+        "generator.factory_kwargs.admission_floor must be at least 1 (got 0); "
+        "generator.factory_kwargs.admission_interval_s must be positive (got 0.0); "
+        "generator.factory_kwargs.admission_kv_high_water must be in (0, 1] (got 1.5); "
+        "generator.factory_kwargs.admission_waiting_high must be at least 0 (got -1); "
+        "generator.factory_kwargs.sandbox_starts_per_s must be positive or None (got 0.0); "
+        "generator.factory_kwargs.sandbox_start_burst must be at least 1 (got 0)"
+    ]
+    assert check_factory(FactorySettings(path, {"admission": "yes"})) == [
+        "generator.factory_kwargs.admission: expected bool, got str 'yes'"
+    ]
+    assert check_factory(FactorySettings(path, {"admission": False, "sandbox_starts_per_s": None})) == []
 
 
 def _episode(tokenizer: Any, tmp_path: Path, *, link_generator: bool) -> dict[str, Any]:

@@ -52,6 +52,19 @@ def make_backend(kind: str) -> SandboxBackend:
     return LocalBackend(export_rootfs())
 
 
+def snapshots_left(backend: SandboxBackend) -> list[str]:
+    """The snapshots ``backend`` still keeps on disk: its committed images (docker) or its layer dirs (local)."""
+    from skyrl_agent.sandbox.docker_backend import DockerBackend
+    from skyrl_agent.sandbox.local_backend import LocalBackend
+
+    if isinstance(backend, DockerBackend):
+        owner = f"label=skyrl.owner={backend.owner}"
+        args = ["docker", "images", "-q", "--no-trunc", "--filter", owner, "--filter", "label=skyrl.kind=snapshot"]
+        return subprocess.run(args, capture_output=True, text=True, check=True).stdout.split()
+    assert isinstance(backend, LocalBackend)
+    return sorted(str(layer) for layer in backend.work_dir.glob("snap-*"))
+
+
 @pytest.fixture(params=["docker", "local"])
 def backend_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -21,12 +21,21 @@ async def _processes(sandbox) -> dict[str, str]:
     return {comm: pid for pid, _, comm in (line.partition(" ") for line in lines if line)}
 
 
+async def _processes_including(sandbox, expected: set[str], within_s: float = 10.0) -> dict[str, str]:
+    """:func:`_processes` once it lists ``expected``: the dead-man ``sleep`` is forked in the background, and on a
+    loaded host its ``exec`` may come after the runner already answers."""
+    deadline = time.monotonic() + within_s
+    while not expected <= set(names := await _processes(sandbox)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return names
+
+
 @pytest.mark.docker
 def test_the_first_runner_needs_no_exec_and_survives_pkill_bash() -> None:
     async def body(sb, _) -> None:
         sb.container.reload()
         assert not sb.container.attrs["ExecIDs"]  # no `docker exec` was needed to reach the runner
-        names = await _processes(sb)
+        names = await _processes_including(sb, {"skyrl-init", "skyrl-runner", "sleep"})
         assert {"skyrl-init", "skyrl-runner", "sleep"} <= set(names)
         # The init process is not a `bash` by name: a command's `pkill bash` ends only the runner's shell.
         await sb.run("pkill -KILL bash", timeout_s=10)
@@ -51,7 +60,7 @@ def test_a_runner_that_dies_between_commands_is_replaced_before_the_next() -> No
         assert not sb._shell.alive  # the init process said so on the attach stream
         result = await sb.run('pwd; echo "$KEPT"')
         assert (result.output, result.exit_code) == ("/tmp\nyes\n", 0)  # a new runner ran it
-        names = await _processes(sb)
+        names = await _processes_including(sb, {"skyrl-init", "sleep"})
         assert {"skyrl-init", "sleep"} <= set(names)  # the respawned runner's sweep kept them
 
     in_sandbox("docker", body)

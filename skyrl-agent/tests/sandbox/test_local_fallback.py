@@ -78,5 +78,8 @@ async def _check_snapshot_and_fork(sandbox: LocalSandbox, backend: LocalBackend)
         await fork.write_file("state.txt", "fork")
         assert await sandbox.read_file("state.txt") == b"after-snapshot"
         assert (Path(snapshot.ref) / "workspace" / "state.txt").read_text() == "v1"  # the layer stays frozen
+        await backend.discard_snapshot(snapshot)
+        assert not Path(snapshot.ref).exists()  # deleted at once: the fork has a copy of its own
+        assert (await fork.run("cat state.txt")).output == "fork"
     finally:
         await fork.close()

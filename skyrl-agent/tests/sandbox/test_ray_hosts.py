@@ -24,7 +24,7 @@ from skyrl_agent.sandbox.ray_hosts import RayHostBackend, RayHostSettings, RaySa
 from skyrl_agent.tasks.validate import make_backend
 
 SPEC = SandboxSpec()
-PROCESS_HOSTS = RayHostSettings(inner="process", max_sandboxes=2, start_timeout_s=60)
+PROCESS_HOSTS = RayHostSettings(inner="process", max_sandboxes=2, start_timeout_s=60, place_wait_s=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +73,19 @@ def test_sandboxes_spread_over_hosts_and_work_through_the_proxy(cluster: Any) ->
             boxes = [await backend.create(SPEC) for _ in range(4)]
             assert sorted(Counter(box.host.node_id for box in boxes).values()) == [2, 2]
             assert [host.inner for host in backend.hosts] == ["process", "process"]
-            with pytest.raises(SandboxStartError, match="holds 2 of its 2"):
+            with pytest.raises(SandboxStartError, match="holds 2 of its 2 sandboxes and no place for 1 more freed"):
                 await backend.create(SPEC)
+            with pytest.raises(SandboxStartError, match="holds 2 sandboxes, not 3"):
+                await backend.fork(await boxes[0].snapshot(), 3, SPEC)
+            # Every place is taken: a start waits for one to free, then takes it.
+            waiting = asyncio.ensure_future(backend.create(SPEC))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            await boxes[3].close()
+            boxes[3] = await asyncio.wait_for(waiting, 30)
+            assert (await boxes[3].run("echo placed")).output == "placed\n"
             box = boxes[0]
+            assert not box.expires  # a process sandbox has no lifetime: keep_alive sends nothing
             await box.write_file("hello.txt", "hi\n")
             result = await box.run("cat hello.txt; exit 3")
             assert (result.output, result.exit_code) == ("hi\n", 3)
@@ -99,6 +109,22 @@ def test_sandboxes_spread_over_hosts_and_work_through_the_proxy(cluster: Any) ->
             await backend.close()
         await backend.close()
         _assert_stopped(backend)
+
+    asyncio.run(main())
+
+
+@pytest.mark.ray
+def test_hosts_run_a_backend_the_caller_makes(cluster: Any) -> None:
+    from skyrl_agent.sandbox.memory import InMemoryBackend
+
+    async def main() -> None:
+        backend = RayHostBackend(PROCESS_HOSTS, make_inner=InMemoryBackend)  # as the scale benchmark's simulated hosts
+        try:
+            assert [host.inner for host in backend.hosts] == ["memory", "memory"]
+            box = await backend.create(SPEC)
+            assert (await box.run("echo in memory")).output == "in memory\n"
+        finally:
+            await backend.close()
 
     asyncio.run(main())
 
@@ -170,6 +196,7 @@ def test_docker_hosts_run_commands(cluster: Any) -> None:
             await sandbox.write_file("/tmp/x", "docker\n")
             result = await sandbox.run("cat /tmp/x && id -un")
             assert (result.output, result.exit_code) == ("docker\nsandbox\n", 0)
+            assert _sandbox(sandbox).expires  # a Docker sandbox has a lifetime: the dispatcher's promises go on
             sandbox.keep_alive(60.0)
             await sandbox.close()
         finally:

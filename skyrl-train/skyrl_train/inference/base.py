@@ -80,6 +80,22 @@ def load_of(engine: object) -> EngineLoad | None:
     return engine.load() if isinstance(engine, LoadReporting) else None
 
 
+def combined_load(loads: Iterable[EngineLoad | None]) -> EngineLoad | None:
+    """The load of several engines serving as one; engines that report none (None) are left out.
+
+    Running and waiting requests add up (``waiting`` over the engines that tell it; None when none does). KV-cache
+    use is the fullest engine's, not the mean: a trajectory's later turns go to the engine holding its earlier ones,
+    so one full engine preempts or queues its requests however empty the others are (at 1.0 and 0.2 the mean, 0.6,
+    would hide it). None when no engine reports.
+    """
+    known = [load for load in loads if load is not None]
+    if not known:
+        return None
+    waiting = [load.waiting for load in known if load.waiting is not None]
+    kv = [load.kv_cache_usage for load in known if load.kv_cache_usage is not None]
+    return EngineLoad(sum(load.running for load in known), sum(waiting) if waiting else None, max(kv, default=None))
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """An engine serving one policy. All methods are coroutines; engines must be safe to call concurrently.

@@ -12,6 +12,10 @@ trainer and the generator see one engine:
 - ``join_broadcast`` / ``receive_broadcast``: the engines as the receiving ranks of a weight-broadcast group
   (:mod:`skyrl_train.tensor_broadcast`), for :class:`~skyrl_train.inference.broadcast_sync.BroadcastSync`: the
   trainer's rank 0 sends the weights straight to every engine, not through the driver.
+- ``load`` (for admission control, which reads it without waiting): the engines' combined load
+  (:func:`~skyrl_train.inference.base.combined_load`: requests summed, the fullest KV cache) as of the latest
+  refresh. Actor calls are asynchronous, so the first ``load()`` starts a task on the caller's event loop that asks
+  every engine each ``load_refresh_s``; until its first answer, ``load()`` is None (nothing known).
 - ``pause`` / ``resume`` / ``close`` reach every engine. Engines built with ``pause_at="token"`` pause between two
   tokens (``pauses_at_token_boundary``); :attr:`EngineGroup.policy_version`, set while paused, reaches every engine
   with ``resume``, so each records it on the tokens it samples from then on.
@@ -31,14 +35,23 @@ Ray must be initialised first (``skyrl_train.backends.ray_group.ensure_ray`` doe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import ray
 import torch
 
-from skyrl_train.inference.base import GenerationOutput, SamplingParams, SleepingEngine
+from skyrl_train.inference.base import (
+    EngineLoad,
+    GenerationOutput,
+    SamplingParams,
+    SleepingEngine,
+    combined_load,
+    load_of,
+)
 from skyrl_train.inference.concurrency import paused_during
 from skyrl_train.inference.factory import EngineKind
 from skyrl_train.inference.routing import PrefixRouter, RouterConfig
@@ -46,6 +59,8 @@ from skyrl_train.tensor_broadcast import BroadcastGroup, BucketPlan, GroupAddres
 from skyrl_train.timeline import Timeline
 
 __all__ = ["EngineGroup", "EngineRestartedError"]
+
+logger = logging.getLogger(__name__)
 
 
 class EngineRestartedError(RuntimeError):
@@ -94,6 +109,10 @@ class _EngineActor:
 
     async def loaded_version(self) -> int:
         return self.version
+
+    async def load(self) -> EngineLoad | None:
+        """The engine's load now, when it reports one (``load_of``); else None."""
+        return load_of(self.engine)
 
     async def update_weights(
         self, weights: list[tuple[str, torch.Tensor]], version: int, policy_version: int | None = None
@@ -157,7 +176,8 @@ class EngineGroup:
     """``num_engines`` engines of one ``kind`` on Ray actors, routed as one engine (see the module docstring).
 
     ``actor_options`` (one dict per engine, e.g. a placement group from ``skyrl_train.ray_cluster.Placement``) are
-    passed to each actor's ``.options``.
+    passed to each actor's ``.options``. ``load_refresh_s``: seconds between two readings of the engines' load, once
+    :meth:`load` has been called (the figures it returns are at most this old, plus one actor call).
     """
 
     def __init__(
@@ -172,9 +192,12 @@ class EngineGroup:
         router: RouterConfig | None = None,
         max_restarts: int = 3,
         actor_options: Sequence[dict[str, Any]] | None = None,
+        load_refresh_s: float = 1.0,
     ) -> None:
         if kind == "remote":
             raise ValueError("remote engines already run elsewhere: list their URLs instead of num_engines")
+        if load_refresh_s <= 0:
+            raise ValueError(f"load_refresh_s must be positive (got {load_refresh_s})")
         if not ray.is_initialized():
             raise RuntimeError("EngineGroup needs Ray: call ray.init() (or ray.init(address=...)) first")
         # Actor handles are typed Any: Ray's stubs do not know the remote methods of a class wrapped at run time.
@@ -198,6 +221,9 @@ class EngineGroup:
         self._catching_up = asyncio.Lock()
         self.restarts = 0  # requests sent again after their engine died
         self.timeline: Timeline | None = None  # set by a run: each request is a span on its engine's lane
+        self.load_refresh_s = load_refresh_s
+        self._load: EngineLoad | None = None  # the engines' combined load as of the latest refresh
+        self._load_refresher: asyncio.Task[None] | None = None  # started by the first load() on an event loop
 
     @property
     def num_engines(self) -> int:
@@ -209,6 +235,50 @@ class EngineGroup:
         return list(
             await asyncio.gather(*(self._one(list(prompt), params, index) for index, prompt in enumerate(prompts)))
         )
+
+    def load(self) -> EngineLoad | None:
+        """The engines' combined load as of the latest refresh; returns at once (see the module docstring).
+
+        Called on an event loop, it keeps a task there refreshing the figures every ``load_refresh_s`` (until
+        :meth:`close`). None before the first refresh has answered, or when no engine reports a load.
+        """
+        self._keep_load_fresh()
+        return self._load
+
+    async def refresh_load(self) -> EngineLoad | None:
+        """Ask every engine for its load now and keep the combined figure (what :meth:`load` returns until the next).
+
+        An engine that is dead or restarting is left out, as one that reports no load is.
+        """
+        answers = await asyncio.gather(*(engine.load.remote() for engine in self.engines), return_exceptions=True)
+        loads: list[EngineLoad | None] = []
+        for answer in answers:
+            if isinstance(answer, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            loads.append(answer)
+        self._load = combined_load(loads)
+        return self._load
+
+    def _keep_load_fresh(self) -> None:
+        """Start the refreshing task on the running event loop unless one runs there already."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no event loop to refresh on: the latest figures stand
+        task = self._load_refresher
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._load_refresher = loop.create_task(self._refresh_load_every(), name="engine-group-load")
+
+    async def _refresh_load_every(self) -> None:
+        while self.engines:
+            try:
+                await self.refresh_load()
+            except Exception:  # the refreshing goes on; meanwhile nothing is known, which holds the admission limit
+                logger.exception("reading the engines' load failed")
+                self._load = None
+            await asyncio.sleep(self.load_refresh_s)
 
     async def _one(self, prompt: list[int], params: SamplingParams, index: int) -> GenerationOutput:
         if params.seed is not None:
@@ -331,7 +401,15 @@ class EngineGroup:
     async def close(self) -> None:
         """Close every engine and stop its actor (idempotent)."""
         engines, self.engines = self.engines, []
+        await self._stop_load_refresher()
         if engines:
             await asyncio.gather(*(engine.close.remote() for engine in engines), return_exceptions=True)
             for engine in engines:
                 ray.kill(engine)
+
+    async def _stop_load_refresher(self) -> None:
+        refresher, self._load_refresher, self._load = self._load_refresher, None, None
+        if refresher is not None and not refresher.done() and refresher.get_loop() is asyncio.get_running_loop():
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher

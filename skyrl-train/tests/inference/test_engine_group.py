@@ -1,16 +1,16 @@
-"""Several engines as Ray actors behind one engine: routing, seeds, weight sync and a killed engine."""
+"""Several engines as Ray actors behind one engine: routing, seeds, weight sync, a killed engine and the load."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from skyrl_train.inference.base import GenerationOutput, SamplingParams
+from skyrl_train.inference.base import EngineLoad, GenerationOutput, SamplingParams
 from skyrl_train.inference.local import LocalEngine
 from skyrl_train.inference.routing import PrefixRouter, RouterConfig
 from skyrl_train.timeline import Timeline
@@ -173,3 +173,43 @@ def test_engines_that_pause_between_tokens_record_the_groups_policy_version(
         switch = versions.index(1)  # the running sequences continued under the new weights, on both engines
         assert versions == [0] * switch + [1] * (len(versions) - switch)
     assert all(out.token_policy_versions == [1] * len(out.token_ids) for out in later)
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def _requests(load: EngineLoad | None) -> int:
+    return 0 if load is None else load.running + (load.waiting or 0)
+
+
+@pytest.mark.ray
+def test_the_groups_load_adds_up_what_its_engines_report(cluster: None, tiny_model_dir: Path) -> None:
+    from skyrl_train.generators.factory import GeneratorPauseLink
+    from skyrl_train.inference.versioned import VersionedEngine
+
+    async def scenario() -> None:
+        options = {"pause_at": "token"}
+        group = EngineGroup(
+            "local", str(tiny_model_dir), 2, num_cpus_per_engine=0.5, options=options, load_refresh_s=0.02
+        )
+        try:
+            assert group.load() is None  # nothing known until the first refresh answers
+            await group.pause()  # each engine's batch forms and waits at its first token: the load holds still
+            calls = asyncio.ensure_future(group.generate(PROMPTS, PARAMS))
+            await _until(lambda: _requests(group.load()) == len(PROMPTS))  # refreshed in the background
+            each = await asyncio.gather(*(engine.load.remote() for engine in group.engines))
+            assert [_requests(load) for load in each] == group.router.in_flight == [3, 3]
+            running, waiting = sum(load.running for load in each), sum(load.waiting or 0 for load in each)
+            assert await group.refresh_load() == group.load() == EngineLoad(running, waiting, None)
+            assert VersionedEngine(GeneratorPauseLink(group)).load() == group.load()  # what admission reads in a run
+            await group.resume()
+            await calls
+            await _until(lambda: group.load() == EngineLoad(0, 0, None))
+        finally:
+            await group.close()
+        assert group.load() is None
+
+    asyncio.run(scenario())

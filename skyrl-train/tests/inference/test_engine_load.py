@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from skyrl_train.inference.base import EngineLoad, InferenceEngine, LoadReporting, SamplingParams
+from skyrl_train.inference.base import EngineLoad, InferenceEngine, LoadReporting, SamplingParams, combined_load
 from skyrl_train.inference.local import LocalEngine
 from skyrl_train.inference.vllm_loop import scheduler_load
 
@@ -95,3 +95,10 @@ def test_wrapping_engines_report_the_load_of_the_engine_they_wrap(
     assert wrapped.load() == engine.load() == EngineLoad(0, 0, None)
     silent: InferenceEngine = SimpleNamespace()  # type: ignore[assignment]  # an engine without load()
     assert VersionedEngine(silent).load() is None  # nothing known
+
+
+def test_engines_serving_as_one_add_their_requests_and_report_the_fullest_cache() -> None:
+    assert combined_load([EngineLoad(2, 1, 0.3), EngineLoad(1, None, 0.95), None]) == EngineLoad(3, 1, 0.95)
+    assert combined_load([EngineLoad(2, None), EngineLoad(1, None)]) == EngineLoad(3, None, None)
+    assert combined_load([None, None]) is None  # no engine reports: nothing known
+    assert combined_load([]) is None
