@@ -19,9 +19,11 @@ CPU seconds and the wall time. **Dispatcher overhead** = (driver CPU with the di
 loop) ÷ the dispatcher run's wall time: the CPU the dispatcher adds, as a share of the run (target ≤ 2 %).
 
 Part 2, ``docker``: ``--docker-episodes`` episodes on this machine's Docker daemon through the dispatcher, on the
-``docker`` backend directly and on the ``ray`` backend with two hosts (two nodes of one local cluster, each a
-``DockerBackend`` on the same daemon), alternating ``--rounds`` times. Reported: episodes per second per side and
-the overhead of going through Ray per episode (target ≤ 10 %).
+``docker`` backend directly and on the ``ray`` backend with ``--docker-hosts`` hosts (default two: nodes of one
+local cluster, each a ``DockerBackend`` on the same daemon), alternating ``--rounds`` times. The hosts share the
+daemon, so by default they share its container starts too (``--daemon-starts`` in flight, split evenly; each
+``DockerBackend`` would otherwise start 4 at once, twice as many on the daemon as the one-backend side).
+Reported: episodes per second per side and the overhead of going through Ray per episode (target ≤ 10 %).
 
 Output: the tables on stdout and a JSON report (``--json``, default ``benchmarks/results/ray_hosts_bench.json``).
 Exit status 1 when an episode was lost or duplicated or a sandbox leaked. No target is asserted.
@@ -278,16 +280,21 @@ def docker(args: argparse.Namespace) -> dict[str, Any]:
 
     from skyrl_agent.sandbox.docker_backend import DockerBackend
 
-    cluster = _cluster(2)
+    cluster = _cluster(args.docker_hosts)
+    # The simulated hosts share one daemon, so they share its starts: the same number in flight on both sides.
+    host_starts = args.host_starts or max(1, args.daemon_starts // args.docker_hosts)
     rows: dict[str, list[dict[str, Any]]] = {"docker": [], "ray": []}
     try:
         for round_ in range(args.rounds):
             for side in ("docker", "ray") if round_ % 2 == 0 else ("ray", "docker"):
                 run_id = f"skyrl-bench-{side}-{round_}"
                 backend: SandboxBackend = (
-                    DockerBackend(run_id=run_id)
+                    DockerBackend(run_id=run_id, max_concurrent_starts=args.daemon_starts)
                     if side == "docker"
-                    else RayHostBackend(RayHostSettings(inner="docker", max_sandboxes=16), run_id=run_id)
+                    else RayHostBackend(
+                        RayHostSettings(max_sandboxes=16),
+                        make_inner=partial(DockerBackend, run_id=run_id, max_concurrent_starts=host_starts),
+                    )
                 )
                 row = asyncio.run(_docker_pass(backend, args.docker_episodes, args.docker_concurrency, run_id))
                 rows[side].append(row)
@@ -300,7 +307,14 @@ def docker(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rows,
         "episodes_per_s": rate,
         "ray_overhead_per_episode": rate["docker"] / rate["ray"] - 1,
-        "params": {"episodes": args.docker_episodes, "concurrency": args.docker_concurrency, "rounds": args.rounds},
+        "params": {
+            "episodes": args.docker_episodes,
+            "concurrency": args.docker_concurrency,
+            "rounds": args.rounds,
+            "hosts": args.docker_hosts,
+            "daemon_starts": args.daemon_starts,
+            "host_starts": host_starts,
+        },
     }
 
 
@@ -316,9 +330,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-per-host", type=int, default=96, help="scale: sandboxes one host holds")
     parser.add_argument("--starts-per-host", type=float, default=25.0, help="scale: sandbox starts per second per host")
     parser.add_argument("--kill-at", type=float, default=0.25, help="scale: share of outcomes in when a host dies")
-    parser.add_argument("--docker-episodes", type=int, default=48, help="docker: episodes per side and round")
+    parser.add_argument("--docker-episodes", type=int, default=96, help="docker: episodes per side and round")
     parser.add_argument("--docker-concurrency", type=int, default=8, help="docker: episodes at once")
-    parser.add_argument("--rounds", type=int, default=2, help="docker: rounds (sides alternate)")
+    parser.add_argument("--rounds", type=int, default=4, help="docker: rounds (sides alternate)")
+    parser.add_argument("--docker-hosts", type=int, default=2, help="docker: Ray hosts on the one daemon")
+    parser.add_argument("--daemon-starts", type=int, default=4, help="docker: container starts in flight at once")
+    parser.add_argument(
+        "--host-starts", type=int, default=None, help="docker: starts in flight per Ray host (default: split evenly)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     return parser.parse_args(argv)

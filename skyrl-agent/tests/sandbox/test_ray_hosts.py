@@ -196,8 +196,10 @@ def test_docker_hosts_run_commands(cluster: Any) -> None:
             await sandbox.write_file("/tmp/x", "docker\n")
             result = await sandbox.run("cat /tmp/x && id -un")
             assert (result.output, result.exit_code) == ("docker\nsandbox\n", 0)
-            assert _sandbox(sandbox).expires  # a Docker sandbox has a lifetime: the dispatcher's promises go on
+            box = _sandbox(sandbox)
+            assert box.expires  # a Docker sandbox has a lifetime: the dispatcher's promises go on
             sandbox.keep_alive(60.0)
+            assert (await sandbox.run("echo still here")).output == "still here\n"
             await sandbox.close()
         finally:
             await backend.close()
