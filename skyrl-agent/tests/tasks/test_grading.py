@@ -184,7 +184,9 @@ def test_retry_limit_comes_from_the_reference_time():
 
 def test_a_hanging_patch_holds_up_no_other_grading(backend):
     # Its retry takes one slot like any grading: a grading that arrives meanwhile runs beside it, not after it.
-    hanging = replace(TASK, timeout_s=2, reference_s=1.0)
+    # The limit leaves the test process time to reach the spin: a timeout whose second half is spent starting
+    # pytest on a loaded host may read as asleep, and a run that slept is not retried.
+    hanging = replace(TASK, timeout_s=6, reference_s=1.0)
     spin = _edit(TASK, "durations/format.py", "    remaining = int(seconds)\n", "    while True:\n        pass\n")
     starts, finished = [], []
     retried = asyncio.Event()
@@ -204,7 +206,11 @@ def test_a_hanging_patch_holds_up_no_other_grading(backend):
             return result
 
         hang = asyncio.create_task(run("hang", hanging, TASK.gold_patch + spin))
-        await retried.wait()
+        retry = asyncio.create_task(retried.wait())
+        await asyncio.wait({hang, retry}, return_when=asyncio.FIRST_COMPLETED)
+        if not retried.is_set():  # the hanging grading ended without a retry: say how, rather than wait forever
+            retry.cancel()
+            pytest.fail(f"the hanging patch's grading was not retried: {await hang}")
         gold = await run("gold", TASK, TASK.gold_patch)
         return await hang, gold
 
