@@ -57,12 +57,19 @@ async def _until_lost(sandbox: RaySandbox, within_s: float = 60.0) -> None:
         await asyncio.sleep(0.2)
 
 
-def _assert_stopped(backend: RayHostBackend) -> None:
+def _assert_stopped(backend: RayHostBackend, within_s: float = 60.0) -> None:
+    """Every host actor is gone: ``ray.kill`` is asynchronous, so a call right after it may still be served."""
     import ray
 
+    deadline = time.monotonic() + within_s
     for host in backend.hosts:
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(host.actor.ready.remote(), timeout=30)
+        while True:
+            try:
+                ray.get(host.actor.ready.remote(), timeout=30)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < deadline, f"the host actor on node {host.node_id[:12]} still answers"
+            time.sleep(0.5)
 
 
 @pytest.mark.ray

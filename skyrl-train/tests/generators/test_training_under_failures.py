@@ -55,10 +55,11 @@ class ActionEnv(BaseTextEnv):
         if "crash" in action:
             raise RuntimeError("the env crashed")
         if "stall" in action:
-            time.sleep(2.0)
+            time.sleep(STALL_S)
         return BaseTextEnvStepOutput(observations=[], reward=float("right" in action), done=True, metadata={})
 
 
+STALL_S = 2.0  # how long a stalled step blocks: past the generator's deadline
 INIT_FAILURE_STEP = 2  # in this step prompt 3's env fails to start, for all five samples, and nothing else fails
 
 
@@ -139,7 +140,9 @@ def _train(
 ) -> tuple[list[dict[str, float]], list[TrainingBatch]]:
     script = Script()
     engine = ScriptedEngine(tokenizer, script)
-    generator = SkyRLGymGenerator(engine, tokenizer, GeneratorConfig(timeout_s=0.5))
+    # Room for a crash to reach its env on a loaded host (at 0.5 s one timed out instead in a CI run); a stall
+    # (2 s) still outlasts it.
+    generator = SkyRLGymGenerator(engine, tokenizer, GeneratorConfig(timeout_s=STALL_S - 0.5))
     policy = _backend(model_dir)
     trained: list[TrainingBatch] = []
     _recording(policy, trained)
