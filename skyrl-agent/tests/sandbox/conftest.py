@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
@@ -88,3 +89,24 @@ def in_sandbox(kind: str, body: Callable[[Any, SandboxBackend], Awaitable[None]]
             await backend.close()
 
     asyncio.run(main())
+
+
+@contextlib.contextmanager
+def host_cluster(**env: str) -> Iterator[Any]:
+    """Two Ray nodes offering ``sandbox_host``, this process connected to them; ``env`` is set for the nodes'
+    processes (the hosts' actors inherit it)."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"sandbox_host": 1}})
+        nodes.add_node(num_cpus=1, resources={"sandbox_host": 1})
+        ray.init(address=nodes.address, log_to_driver=False, configure_logging=False)
+        nodes.wait_for_nodes()
+        try:
+            yield nodes
+        finally:
+            ray.shutdown()
+            nodes.shutdown()  # type: ignore[no-untyped-call]

@@ -30,6 +30,8 @@ from skyrl_agent.sandbox.ray_hosts import RayHostBackend, RayHostSettings, RaySa
 from skyrl_agent.tasks import SUITE_PATH, load_tasks
 from skyrl_agent.tasks.format import SWETask
 
+from .conftest import host_cluster
+
 LEASE_TTL_S = 6  # the hosts' leases: a killed host's containers are reapable this long after its last renewal
 DOCKER_HOSTS = RayHostSettings(inner="docker", max_sandboxes=8, start_timeout_s=120)
 TASKS = load_tasks(SUITE_PATH)
@@ -38,18 +40,8 @@ TASKS = load_tasks(SUITE_PATH)
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Two nodes offering ``sandbox_host``, their processes started with a short lease ttl."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
-    from ray.cluster_utils import Cluster
-
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(reaper.LEASE_TTL_ENV, str(LEASE_TTL_S))  # node processes (and the hosts' actors) inherit it
-        nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"sandbox_host": 1}})
-        nodes.add_node(num_cpus=1, resources={"sandbox_host": 1})
-        ray.init(address=nodes.address, log_to_driver=False, configure_logging=False)
-        nodes.wait_for_nodes()
+    with host_cluster(**{reaper.LEASE_TTL_ENV: str(LEASE_TTL_S)}) as nodes:
         yield nodes
-        ray.shutdown()
-        nodes.shutdown()  # type: ignore[no-untyped-call]
 
 
 class _PlacedHosts(RayHostBackend):

@@ -23,6 +23,8 @@ from skyrl_agent.sandbox.base import SandboxClosedError, SandboxSpec, SandboxSta
 from skyrl_agent.sandbox.ray_hosts import RayHostBackend, RayHostSettings, RaySandbox, SandboxHostLostError
 from skyrl_agent.tasks.validate import make_backend
 
+from .conftest import host_cluster
+
 SPEC = SandboxSpec()
 PROCESS_HOSTS = RayHostSettings(inner="process", max_sandboxes=2, start_timeout_s=60, place_wait_s=1.0)
 
@@ -30,16 +32,8 @@ PROCESS_HOSTS = RayHostSettings(inner="process", max_sandboxes=2, start_timeout_
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Two nodes offering ``sandbox_host``; this process is connected to them."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
-    from ray.cluster_utils import Cluster
-
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"sandbox_host": 1}})
-    nodes.add_node(num_cpus=1, resources={"sandbox_host": 1})
-    ray.init(address=nodes.address, log_to_driver=False, configure_logging=False)
-    nodes.wait_for_nodes()
-    yield nodes
-    ray.shutdown()
-    nodes.shutdown()  # type: ignore[no-untyped-call]
+    with host_cluster() as nodes:
+        yield nodes
 
 
 def _sandbox(sandbox: object) -> RaySandbox:
