@@ -114,6 +114,21 @@ def _metrics(run_dir: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
+# The engine's float noise: rollouts are batched (left-padded) as they arrive, and a batch's shape changes the
+# last bits of each log-prob. Every other metric of a resumed step must match to the bit.
+_NOISE_FLOORS = {"policy/rollout_logprob_gap": 1e-6}
+
+
+def _assert_same_step(got: dict[str, float], expected: dict[str, float], step: int) -> None:
+    assert got.keys() == expected.keys(), f"step {step} logs other metrics after resume"
+    for key, value in expected.items():
+        floor = _NOISE_FLOORS.get(key)
+        if floor is None:
+            assert got[key] == value, f"step {step}: {key} differs after resume"
+        else:
+            assert got[key] == pytest.approx(value, abs=floor), f"step {step}: {key} is beyond its noise floor"
+
+
 def test_training_run_writes_checkpoint_export_and_plot(tiny_model_dir: Path, tmp_path: Path) -> None:
     result = run(_config(tiny_model_dir, tmp_path / "data", tmp_path / "run", "trainer.max_training_steps=3"))
     assert result.global_step == 3
@@ -156,7 +171,7 @@ def test_resumed_run_reproduces_the_uninterrupted_metrics(tiny_model_dir: Path, 
     expected, got = _metrics(full.run_dir), _metrics(resumed.run_dir)
     assert sorted(got) == [1, 2, 3, 4]
     for step in (3, 4):
-        assert got[step] == expected[step], f"step {step} differs after resume"
+        _assert_same_step(got[step], expected[step], step)
 
 
 def test_ppo_with_a_critic_trains_the_value_model(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -210,7 +225,7 @@ def test_resumed_run_reproduces_the_uninterrupted_metrics_with(
     assert sorted(got) == [1, 2, 3, 4]
     assert metric in got[3]
     for step in (3, 4):
-        assert got[step] == expected[step], f"step {step} differs after resume"
+        _assert_same_step(got[step], expected[step], step)
 
 
 def test_dynamic_sampling_filter_draws_more_prompts(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -473,7 +488,7 @@ def test_a_sigkilled_fsdp_run_resumes_to_the_uninterrupted_metrics(tiny_model_di
     assert resumed.global_step == 4
     expected, got = _metrics(full.run_dir), _metrics(resumed.run_dir)
     for step in (3, 4):
-        assert got[step] == expected[step], f"step {step} differs after resume"
+        _assert_same_step(got[step], expected[step], step)
 
 
 _KILLABLE_RUN = """
