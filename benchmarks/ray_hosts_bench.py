@@ -69,6 +69,7 @@ from skyrl_agent.sandbox.ray_hosts import RayHostBackend, RayHostSettings
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "ray_hosts_bench.json"
 COMMAND_TIMEOUT_S = 5.0
+LIFETIME_S = DispatcherConfig().timeouts.sandbox_lifetime_s
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,10 @@ async def _docker_pass(backend: SandboxBackend, n: int, concurrency: int, label:
     finally:
         await backend.close()
     wall_s = time.perf_counter() - began
-    return {"wall_s": wall_s, "episodes_per_s": n / wall_s, "outcomes": outcome_counts(out.results)}
+    row = {"wall_s": wall_s, "episodes_per_s": n / wall_s, "outcomes": outcome_counts(out.results)}
+    if isinstance(backend, RayHostBackend):
+        row["promises_sent"] = backend.promises_sent
+    return row
 
 
 def docker(args: argparse.Namespace) -> dict[str, Any]:
@@ -288,12 +292,14 @@ def docker(args: argparse.Namespace) -> dict[str, Any]:
         for round_ in range(args.rounds):
             for side in ("docker", "ray") if round_ % 2 == 0 else ("ray", "docker"):
                 run_id = f"skyrl-bench-{side}-{round_}"
+                # Both sides' sandboxes have the lifetime a run gives them, so the dispatcher's promises count.
+                docker_backend = partial(DockerBackend, run_id=run_id, lifetime_s=LIFETIME_S)
                 backend: SandboxBackend = (
-                    DockerBackend(run_id=run_id, max_concurrent_starts=args.daemon_starts)
+                    docker_backend(max_concurrent_starts=args.daemon_starts)
                     if side == "docker"
                     else RayHostBackend(
                         RayHostSettings(max_sandboxes=16),
-                        make_inner=partial(DockerBackend, run_id=run_id, max_concurrent_starts=host_starts),
+                        make_inner=partial(docker_backend, max_concurrent_starts=host_starts),
                     )
                 )
                 row = asyncio.run(_docker_pass(backend, args.docker_episodes, args.docker_concurrency, run_id))

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import time
 from collections.abc import Callable, Sequence
 
 from skyrl_agent.sandbox.backends import MACHINE_BACKENDS, make_machine_backend
 from skyrl_agent.sandbox.base import CommandResult, Sandbox, SandboxBackend, SandboxClosedError, SandboxSpec, Snapshot
 
-__all__ = ["INNER_BACKENDS", "SandboxHost"]
+__all__ = ["INNER_BACKENDS", "SandboxHost", "expires_in"]
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +66,14 @@ class SandboxHost:
         """How many sandboxes this host holds open (what a run left behind, once its episodes are done)."""
         return len(self.sandboxes)
 
-    async def create(self, key: str, spec: SandboxSpec) -> tuple[str, bool]:
-        """Start a sandbox from ``spec``, held under ``key``; returns its id and whether it expires on its own.
+    async def create(self, key: str, spec: SandboxSpec) -> tuple[str, float | None]:
+        """Start a sandbox from ``spec``, held under ``key``; returns its id and :func:`expires_in`.
 
-        Only sandboxes that expire (have ``keep_alive``) get the driver's promises: each would be an actor call.
+        The driver sends a promise (an actor call) only when the sandbox would otherwise end before it is needed.
         """
         return await self._hold(key, await self.backend.create(spec))
 
-    async def fork(self, snapshot: Snapshot, keys: Sequence[str], spec: SandboxSpec) -> list[tuple[str, bool]]:
+    async def fork(self, snapshot: Snapshot, keys: Sequence[str], spec: SandboxSpec) -> list[tuple[str, float | None]]:
         """Start one sandbox per key from ``snapshot`` (one the inner backend made); as :meth:`create`, per key."""
         sandboxes = await self.backend.fork(snapshot, len(keys), spec)
         return [await self._hold(key, sandbox) for key, sandbox in zip(keys, sandboxes, strict=True)]
@@ -121,16 +123,29 @@ class SandboxHost:
                 log.warning("closing sandbox %s on shutdown failed: %r", sandbox.id, result)
         await self.backend.close()
 
-    async def _hold(self, key: str, sandbox: Sandbox) -> tuple[str, bool]:
+    async def _hold(self, key: str, sandbox: Sandbox) -> tuple[str, float | None]:
         if key in self.abandoned:
             self.abandoned.discard(key)
             await sandbox.close()
         else:
             self.sandboxes[key] = sandbox
-        return sandbox.id, callable(getattr(sandbox, "keep_alive", None))
+        return sandbox.id, expires_in(sandbox)
 
     def _get(self, key: str) -> Sandbox:
         try:
             return self.sandboxes[key]
         except KeyError:
             raise SandboxClosedError(f"sandbox {key} is not open on this host (closed, or never made)") from None
+
+
+def expires_in(sandbox: Sandbox) -> float | None:
+    """Seconds until ``sandbox`` ends on its own unless promised more; ``None`` if it never does.
+
+    A sandbox with ``keep_alive`` but no ``expires_at`` (its end unknown here) counts as ending now.
+    """
+    if not callable(getattr(sandbox, "keep_alive", None)):
+        return None
+    expires_at = getattr(sandbox, "expires_at", None)
+    if expires_at is None:
+        return 0.0
+    return None if math.isinf(expires_at) else max(expires_at - time.monotonic(), 0.0)

@@ -175,17 +175,38 @@ class _Host:
 class RaySandbox:
     """A sandbox held by a host actor; each method awaits that actor (module docstring).
 
-    Also an :class:`~.base.ExpiringSandbox`: ``keep_alive`` goes on to an inner sandbox that expires (Docker with
-    a lifetime); for the others it sends nothing (each promise would be an actor call, several per episode).
+    Also an :class:`~.base.ExpiringSandbox`. A promise is an actor call, and the dispatcher makes several an
+    episode, nearly all within the lifetime the sandbox already has: so ``keep_alive`` only notes how long the
+    sandbox is needed, and the host hears of it once, shortly before the end the driver last knew (a quarter of
+    the lifetime before it, 30 s at most), and only if it is still needed then. A sandbox that does not expire
+    (no lifetime, ``local``, ``process``) gets nothing.
+
+    Args:
+        expires_in: Seconds from ``asked_at`` (or later) to the inner sandbox's end: what the host's
+            :func:`~.ray_host_actor.expires_in` said; ``None`` if it never ends on its own.
+        asked_at: The driver's loop time when the start was asked for, before the host made the sandbox: so the
+            end the driver knows is never later than the host's.
     """
 
-    def __init__(self, backend: RayHostBackend, host: _Host, key: str, sandbox_id: str, expires: bool) -> None:
+    def __init__(
+        self,
+        backend: RayHostBackend,
+        host: _Host,
+        key: str,
+        sandbox_id: str,
+        expires_in: float | None,
+        asked_at: float,
+    ) -> None:
         self.id = sandbox_id  # the inner sandbox's id
         self.key = key  # what the host holds it under
         self.host = host
-        self.expires = expires  # the inner sandbox has keep_alive
+        self.expires = expires_in is not None
         self._backend = backend
         self._closed = False
+        # Loop times: the end the host holds the sandbox to (as far as the driver knows) and the end asked for.
+        self._ends_at = self._wanted = asked_at + (expires_in or 0.0)
+        self._margin = min(_PROMISE_MARGIN_S, expires_in / 4) if expires_in else _PROMISE_MARGIN_S
+        self._promise: asyncio.TimerHandle | None = None
 
     async def run(self, command: str, *, timeout_s: float = 60.0, workdir: str | None = None) -> CommandResult:
         """Run ``command`` in the sandbox on its host; its process group is killed there at ``timeout_s``."""
@@ -207,15 +228,35 @@ class RaySandbox:
         return Snapshot(backend=RayHostBackend.name, ref=f"{self.host.node_id}/{inner.backend}/{inner.ref}")
 
     def keep_alive(self, seconds: float) -> None:
-        """Promise the inner sandbox ``seconds`` more (sent without waiting: Ray runs it before later calls)."""
-        if self.expires and not self._closed and self.host.gone is None:
+        """Do not let the sandbox end for ``seconds`` from now; the host hears of it only when needed (above)."""
+        if not self.expires or self._closed or self.host.gone is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to wait on: tell the host now
             self.host.actor.keep_alive.remote(self.key, seconds)
+            self._backend.promises_sent += 1
+            return
+        self._wanted = max(self._wanted, loop.time() + seconds)
+        if self._wanted > self._ends_at and self._promise is None:
+            self._promise = loop.call_at(self._ends_at - self._margin, self._send_promise, loop)
+
+    def _send_promise(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._promise = None
+        if self._closed or self.host.gone is not None:
+            return
+        # Sent without waiting; the host counts the seconds from when it reads them, so its end is no earlier.
+        self.host.actor.keep_alive.remote(self.key, self._wanted - loop.time())
+        self._backend.promises_sent += 1
+        self._ends_at = self._wanted
 
     async def close(self) -> None:
         """Close the sandbox on its host; idempotent, and nothing to do (no error) when the host is lost."""
         if self._closed:
             return
         self._closed = True
+        if self._promise is not None:
+            self._promise.cancel()
         self._backend.release(self.host, 1)
         with contextlib.suppress(SandboxHostLostError):
             await self.host.call("close", self.key)
@@ -264,6 +305,7 @@ class RayHostBackend:
             raise
         self._freed = asyncio.Event()  # set when places free up (then replaced)
         self._closed = False
+        self.promises_sent = 0  # keep_alive calls the hosts got (RaySandbox.keep_alive sends few)
 
     @property
     def live_hosts(self) -> list[_Host]:
@@ -282,7 +324,7 @@ class RayHostBackend:
         host = await self._place(1)
         key = _new_key()
 
-        async def made() -> list[tuple[str, bool]]:
+        async def made() -> list[tuple[str, float | None]]:
             return [await host.call("create", key, spec)]
 
         [sandbox] = await self._start(host, [key], made)
@@ -383,13 +425,14 @@ class RayHostBackend:
         return min(live, key=lambda candidate: candidate.held)
 
     async def _start(
-        self, host: _Host, keys: list[str], start: Callable[[], Awaitable[list[tuple[str, bool]]]]
+        self, host: _Host, keys: list[str], start: Callable[[], Awaitable[list[tuple[str, float | None]]]]
     ) -> list[RaySandbox]:
         """Await ``start()`` (the host making one sandbox per key) on places already reserved on ``host``.
 
         The places are given back if the start fails; if the caller is cancelled, the host closes each sandbox
         as soon as it exists.
         """
+        asked_at = asyncio.get_running_loop().time()
         try:
             made = await start()
         except BaseException as exc:
@@ -398,7 +441,7 @@ class RayHostBackend:
                 for key in keys:
                     host.actor.close.remote(key)
             raise
-        return [RaySandbox(self, host, key, *started) for key, started in zip(keys, made, strict=True)]
+        return [RaySandbox(self, host, key, *started, asked_at) for key, started in zip(keys, made, strict=True)]
 
     def _snapshot_host(self, snapshot: Snapshot) -> tuple[_Host, Snapshot]:
         """The host that made ``snapshot`` (lost or not) and the inner snapshot it knows.
@@ -413,6 +456,9 @@ class RayHostBackend:
             if host.node_id == node_id:
                 return host, Snapshot(backend=inner_backend, ref=inner_ref)
         raise ValueError(f"no sandbox host of this backend runs on Ray node {node_id[:12]}, which made the snapshot")
+
+
+_PROMISE_MARGIN_S = 30.0  # at most this long before a sandbox's end, the host hears that it is still needed
 
 
 def _new_key() -> str:

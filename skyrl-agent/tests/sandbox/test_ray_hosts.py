@@ -19,7 +19,7 @@ import pytest
 from skyrl_agent import cli
 from skyrl_agent.dispatch.retry import is_infra_error
 from skyrl_agent.integrations.swe_config import SWEGeneratorConfig
-from skyrl_agent.sandbox.base import SandboxClosedError, SandboxSpec, SandboxStartError
+from skyrl_agent.sandbox.base import SandboxClosedError, SandboxError, SandboxSpec, SandboxStartError
 from skyrl_agent.sandbox.ray_hosts import RayHostBackend, RayHostSettings, RaySandbox, SandboxHostLostError
 from skyrl_agent.tasks.validate import make_backend
 
@@ -186,22 +186,32 @@ def test_a_removed_node_loses_its_sandboxes(cluster: Any) -> None:
 
 @pytest.mark.ray
 @pytest.mark.docker
-def test_docker_hosts_run_commands(cluster: Any) -> None:
+def test_docker_hosts_run_commands_and_hear_only_the_promises_that_matter(cluster: Any) -> None:
     # The docker marker: the root conftest skips this by hand without Docker, and fails it in CI.
 
     async def main() -> None:
-        settings = RayHostSettings(inner="docker", max_sandboxes=1, start_timeout_s=60)
-        backend = RayHostBackend(settings, run_id="skyrl-test")
+        settings = RayHostSettings(inner="docker", max_sandboxes=2, start_timeout_s=60)
+        backend = RayHostBackend(settings, run_id="skyrl-test-ray-lifetime", lifetime_s=4.0)
         try:
-            sandbox = await backend.create(SandboxSpec(memory_mb=256, pids_limit=64))
-            await sandbox.write_file("/tmp/x", "docker\n")
-            result = await sandbox.run("cat /tmp/x && id -un")
+            spec = SandboxSpec(memory_mb=256, pids_limit=64)
+            kept, forgotten = [_sandbox(await backend.create(spec)) for _ in "ab"]
+            await kept.write_file("/tmp/x", "docker\n")
+            result = await kept.run("cat /tmp/x && id -un")
             assert (result.output, result.exit_code) == ("docker\nsandbox\n", 0)
-            box = _sandbox(sandbox)
-            assert box.expires  # a Docker sandbox has a lifetime: the dispatcher's promises go on
-            sandbox.keep_alive(60.0)
-            assert (await sandbox.run("echo still here")).output == "still here\n"
-            await sandbox.close()
+            assert (kept.expires, forgotten.expires) == (True, True)  # Docker sandboxes with a lifetime
+            kept.keep_alive(2.0)
+            forgotten.keep_alive(2.0)
+            await asyncio.sleep(0.5)
+            assert backend.promises_sent == 0  # within the lifetime: the host hears nothing
+            kept.keep_alive(30.0)
+            kept.keep_alive(20.0)  # a promise is never shortened, and one call carries both
+            await asyncio.sleep(6.0)  # past the lifetime: sent a quarter of it before the end
+            assert backend.promises_sent == 1  # to the kept one
+            assert (await kept.run("echo still here")).output == "still here\n"
+            with pytest.raises(SandboxError):
+                await forgotten.run("echo gone")
+            await kept.close()
+            await forgotten.close()
         finally:
             await backend.close()
 
