@@ -205,8 +205,8 @@ class VLLMEngine:
     def load(self) -> EngineLoad:
         """The load at the engine thread's latest round (``vllm_loop.scheduler_load``); nothing known before start.
 
-        In process: vLLM's running and waiting requests and KV-cache use. With the engine core in its own process
-        (the GPU default): unfinished requests as ``running``, and ``waiting`` and KV-cache use None.
+        vLLM's running and waiting requests and KV-cache use: read from the scheduler in process, or, with the
+        engine core in its own process (the GPU default), as the core sent them with its latest step.
         """
         loop = self._loop
         return loop.load if loop is not None else EngineLoad(0, None)
@@ -360,7 +360,7 @@ class VLLMEngine:
         if multiprocessing is None:
             multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if on_cpu else "1") == "1"
         with _environment("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0"):
-            llm = LLM(**llm_kwargs(self.model_path, self.config, on_cpu=on_cpu))
+            llm = LLM(**llm_kwargs(self.model_path, self.config, on_cpu=on_cpu, multiprocessing=multiprocessing))
         if self.weight_transport == "auto":
             self.weight_transport = "direct" if _in_process_worker(llm) else "file"
         self.sleeps = self.config.sleep_mode and not on_cpu
@@ -377,11 +377,15 @@ multiprocessing executor uses them, one rank each.
 """
 
 
-def llm_kwargs(model_path: str, config: VLLMEngineConfig, *, on_cpu: bool) -> dict[str, Any]:
+def llm_kwargs(
+    model_path: str, config: VLLMEngineConfig, *, on_cpu: bool, multiprocessing: bool = False
+) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for ``config`` on a CPU (``on_cpu``) or GPU platform.
 
     Options left ``None`` are not passed, so vLLM picks its own default; ``config.engine_kwargs`` come last and win.
-    With ``tensor_parallel_size > 1``, ``distributed_executor_backend`` is :data:`TENSOR_PARALLEL_BACKEND`.
+    With ``tensor_parallel_size > 1``, ``distributed_executor_backend`` is :data:`TENSOR_PARALLEL_BACKEND`. With the
+    engine core in its own process (``multiprocessing``), log stats are on: only then does the core send its
+    scheduler's figures (running, waiting, KV-cache use), which :meth:`VLLMEngine.load` reports.
     """
     kwargs: dict[str, Any] = {
         "model": model_path,
@@ -395,6 +399,8 @@ def llm_kwargs(model_path: str, config: VLLMEngineConfig, *, on_cpu: bool) -> di
     }
     if config.tensor_parallel_size > 1:
         kwargs["distributed_executor_backend"] = TENSOR_PARALLEL_BACKEND
+    if multiprocessing:
+        kwargs["disable_log_stats"] = False
     if config.sleep_mode and not on_cpu:  # vLLM's sleep mode needs its CUDA memory pool
         kwargs["enable_sleep_mode"] = True
     if config.kv_cache_memory_bytes is not None:

@@ -8,7 +8,9 @@ work fails with :class:`EngineClosedError`.
 
 After each round of commands and steps the loop records the engine's load (:attr:`StepLoop.load`, replaced whole, so
 the event loop reads it without locking): from vLLM's scheduler when the engine core runs in this process; otherwise
-(the core in its own process, whose scheduler only a log-stats pipeline reports) the unfinished request count only.
+the core is in its own process and sends its scheduler's figures with each step's outputs (vLLM's log-stats
+pipeline, on for that mode: ``llm_kwargs``), which :class:`SchedulerStatsTap` keeps. Without either (a vLLM version
+that has neither), the unfinished request count only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "EngineClosedError",
     "Hold",
     "Request",
+    "SchedulerStatsTap",
     "StepLoop",
     "Stop",
     "Streamed",
@@ -116,6 +119,7 @@ class StepLoop:
         self.held = False  # a Hold applied: the loop steps no more until released
         self.steps = 0  # engine steps run so far (each samples one token of every running request)
         self.load = EngineLoad(0, None)  # as of the latest round of commands and steps (module docstring)
+        self.tap = None if in_process_core(llm) else SchedulerStatsTap.install(llm)
 
     def run(self) -> None:
         """Serve commands (waiting for one while nothing runs) and step, until told to stop."""
@@ -123,7 +127,7 @@ class StepLoop:
             while self._serve_commands(block=not self.pending or self.held):
                 if self.pending and not self.held:
                     self._step()
-                self.load = scheduler_load(self.llm, len(self.pending))
+                self.load = scheduler_load(self.llm, len(self.pending), self.tap)
         finally:
             _fail(self.pending.values(), EngineClosedError("the engine was closed"))
             self._fail_queued()
@@ -245,20 +249,56 @@ def to_generation_output(output: Any, params: Any, streamed: Streamed | None = N
     )
 
 
-def scheduler_load(llm: Any, unfinished: int) -> EngineLoad:
+class SchedulerStatsTap:
+    """The scheduler figures a separate engine-core process sent with its latest outputs.
+
+    vLLM's ``LLMEngine.step`` hands each step's ``SchedulerStats`` (sent only with log stats on) to its output
+    processor's ``update_scheduler_stats``; the tap wraps that method and keeps the latest. Runs on the engine thread.
+    """
+
+    def __init__(self, update: Callable[[Any], None]) -> None:
+        self.latest: Any = None  # vllm.v1.metrics.stats.SchedulerStats, once one came
+        self._update = update
+
+    @classmethod
+    def install(cls, llm: Any) -> SchedulerStatsTap | None:
+        """Tap ``llm`` (a ``vllm.LLM``); None where its engine has no such method (other vLLM versions)."""
+        processor = getattr(llm.llm_engine, "output_processor", None)
+        update = getattr(processor, "update_scheduler_stats", None)
+        if processor is None or update is None:
+            return None
+        tap = cls(update)
+        processor.update_scheduler_stats = tap.update
+        return tap
+
+    def update(self, stats: Any) -> None:
+        """Keep ``stats`` (None on steps that sent none), then do what vLLM does with it."""
+        if stats is not None:
+            self.latest = stats
+        self._update(stats)
+
+
+def scheduler_load(llm: Any, unfinished: int, tap: SchedulerStatsTap | None = None) -> EngineLoad:
     """The load of ``llm`` (a ``vllm.LLM``) with ``unfinished`` requests of ours in it; call on the engine thread.
 
-    With the engine core in this process: its scheduler's running and waiting counts and KV-cache use. Otherwise the
-    scheduler is in another process and the ``LLM`` object has no cheap way to it: every unfinished request counts as
+    With the engine core in this process: its scheduler's running and waiting counts and KV-cache use. With the core
+    in its own process: the figures it sent with its latest step, through ``tap``; none of ours unfinished means
+    nothing runs there (the engine serves only this loop). Without either: every unfinished request counts as
     running, and waiting and KV-cache use are None.
     """
     scheduler = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
     counts = getattr(scheduler, "get_request_counts", None)  # absent in vLLM versions before it: no split known
-    if counts is None:
+    if counts is not None:
+        running, waiting = counts()
+        usage = getattr(scheduler, "get_kv_cache_usage", None)
+        return EngineLoad(int(running), int(waiting), None if usage is None else float(usage()))
+    latest = tap.latest if tap is not None else None
+    if latest is None:
         return EngineLoad(unfinished, None)
-    running, waiting = counts()
-    usage = getattr(scheduler, "get_kv_cache_usage", None)
-    return EngineLoad(int(running), int(waiting), None if usage is None else float(usage()))
+    if unfinished == 0:  # the latest figures may predate the last requests' end
+        return EngineLoad(0, 0, 0.0)
+    waiting = int(latest.num_waiting_reqs) + int(getattr(latest, "num_skipped_waiting_reqs", 0))
+    return EngineLoad(int(latest.num_running_reqs), waiting, float(latest.kv_cache_usage))
 
 
 def in_process_core(llm: Any) -> bool:

@@ -74,3 +74,9 @@ def test_colocated_runs_build_their_vllm_engines_to_sleep() -> None:
     colocated = engine_settings(load_config(None, [*keys, "trainer.placement=colocate"]))
     assert colocated.options["sleep_mode"] is True
     assert "sleep_mode" not in engine_settings(load_config(None, [*keys, "trainer.placement=disaggregate"])).options
+
+
+def test_a_core_in_its_own_process_sends_its_schedulers_figures() -> None:
+    # Log stats on: only then does the core's process send running, waiting and KV-cache use (the engine's load).
+    assert llm_kwargs("m", VLLMEngineConfig(), on_cpu=False, multiprocessing=True)["disable_log_stats"] is False
+    assert "disable_log_stats" not in llm_kwargs("m", VLLMEngineConfig(), on_cpu=True)  # in process: read directly
