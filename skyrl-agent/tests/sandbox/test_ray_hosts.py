@@ -242,3 +242,51 @@ def test_without_ray_the_backend_says_how_to_install_it(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     with pytest.raises(ValueError, match="pip install ray"):
         make_backend("ray")
+
+
+def test_a_promise_reaches_the_host_only_when_the_sandbox_would_end_before_it() -> None:
+    """The driver's side of keep_alive, on a recording actor: what is sent, when, and what a close cancels."""
+    from types import SimpleNamespace
+
+    from skyrl_agent.sandbox.ray_hosts import _Host
+
+    sent: list[tuple[str, float]] = []
+    actor = SimpleNamespace(
+        keep_alive=SimpleNamespace(remote=lambda key, seconds: sent.append((key, seconds))),
+        close=SimpleNamespace(remote=lambda key: asyncio.sleep(0)),  # awaited, as an ObjectRef is
+    )
+    backend: Any = SimpleNamespace(promises_sent=0, release=lambda host, n: None)
+    host = _Host("node", actor, "docker")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        # A lifetime of 0.8 s from a start asked for just now: promises go out 0.2 s (a quarter) before its end.
+        box = RaySandbox(backend, host, "a", "id-a", expires_in=0.8, asked_at=now)
+        box.keep_alive(0.5)
+        await asyncio.sleep(0.9)
+        assert sent == []  # within the lifetime: nothing sent, ever
+        box.keep_alive(5.0)
+        box.keep_alive(3.0)  # shorter: folded into the first
+        await asyncio.sleep(0.05)
+        assert [key for key, _ in sent] == ["a"]  # past its known end already: sent at once, one call
+        assert sent[0][1] == pytest.approx(5.0, abs=0.5)  # the seconds left at sending
+        box.keep_alive(4.0)  # within what the host now holds
+        await asyncio.sleep(0.05)
+        assert len(sent) == 1
+        never = RaySandbox(backend, host, "b", "id-b", expires_in=0.8, asked_at=loop.time())
+        never.keep_alive(60.0)  # due 0.6 s from now, then closed first
+        await never.close()
+        await asyncio.sleep(0.8)
+        assert [key for key, _ in sent] == ["a"]
+        assert backend.promises_sent == 1
+        unknown = RaySandbox(backend, host, "c", "id-c", expires_in=0.0, asked_at=loop.time())  # its end unknown
+        unknown.keep_alive(60.0)
+        await asyncio.sleep(0.05)
+        assert [key for key, _ in sent] == ["a", "c"]  # treated as ending now: sent at once
+        lasting = RaySandbox(backend, host, "d", "id-d", expires_in=None, asked_at=loop.time())
+        lasting.keep_alive(60.0)
+        await asyncio.sleep(0.05)
+        assert (lasting.expires, len(sent)) == (False, 2)  # never ends on its own: nothing to promise
+
+    asyncio.run(main())
