@@ -461,7 +461,7 @@ def test_a_fully_async_run_overlaps_corrects_and_checkpoints_with_nothing_in_fli
     resumed = run(_config(tiny_model_dir, tmp_path / "d2", tmp_path / "split", "trainer.max_training_steps=4", *mode))
     expected, got = _metrics(full.run_dir), _metrics(resumed.run_dir)
     assert sorted(expected) == sorted(got) == [1, 2, 3, 4]
-    for metrics in expected.values():
+    for metrics in (*expected.values(), *got.values()):  # the resumed run's too: its steps' tokens are no older
         assert all(math.isfinite(value) for value in metrics.values())
         assert 0 <= metrics["async/staleness"] <= metrics["async/staleness_max"] <= 1  # max_staleness 1
         assert metrics["async/refilled"] <= metrics["async/evicted"]
@@ -490,8 +490,12 @@ def test_a_fully_async_run_overlaps_corrects_and_checkpoints_with_nothing_in_fli
         assert (loader["epoch"], loader["position"]) == divmod(extra["groups_started"], 8)
     if not any(m["async/evicted"] for m in (*expected.values(), *got.values())):
         assert _state(resumed.run_dir, 4) == _state(full.run_dir, 4)
-    # The first step after the checkpoint generates the same prompts with the same weights and seeds.
-    assert got[3]["reward/mean"] == expected[3]["reward/mean"]
+    # The first step after the checkpoint generates the same prompts with the same weights (its tokens' staleness,
+    # above) and seeds. Its groups
+    # reach the local engine as they start, so its batches differ from the uninterrupted run's, and a batch's shape
+    # changes the last bits of the logits: a token drawn at a near-tie may differ, in one of the step's 8 samples
+    # at most in practice (a 0.05 reward difference in one sample was seen under CI load).
+    assert got[3]["reward/mean"] == pytest.approx(expected[3]["reward/mean"], abs=1 / 8)
     recorded = yaml.safe_load((full.run_dir / "config.yaml").read_text())
     assert recorded["off_policy"]["tis_ratio_type"] == "token"
     assert recorded["trainer"]["max_inflight_groups"] == 4  # derived: train_batch_size

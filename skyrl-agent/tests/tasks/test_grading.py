@@ -128,7 +128,8 @@ def test_prepare_workspace_has_one_commit_and_no_hidden_tests():
 
 def test_a_patch_that_sleeps_through_the_limit_times_out_without_a_retry(backend):
     # The tests slept through the second half of the run: a busy machine slows tests down, it does not stop them.
-    task = replace(TASK, timeout_s=1.5)
+    # 4 s: pytest's start-up (CPU) must be over before the second half, even on a loaded host.
+    task = replace(TASK, timeout_s=4)
     patch = _edit(
         TASK,
         "durations/format.py",
@@ -160,18 +161,21 @@ def _load_sensitive(tmp_path, **overrides):
 
 
 def test_a_run_that_timed_out_working_is_retried_and_counts(backend, tmp_path):
-    task = _load_sensitive(tmp_path, timeout_s=2, reference_s=0.5)
+    # 4 s: the spin, not pytest's start-up, must fill the second half of the run, even on a loaded host.
+    task = _load_sensitive(tmp_path, timeout_s=4, reference_s=0.5)
     result = asyncio.run(Grader(backend).grade(task, TASK.gold_patch))
     assert (result.resolved, result.status, result.attempts) == (True, "resolved", 2), result.error
 
 
 def test_a_patch_that_hangs_the_tests_scores_zero_after_the_retry(backend, monkeypatch):
     monkeypatch.setattr(grading, "RETRY_MARGIN_S", 0.5)
-    task = replace(TASK, timeout_s=1, reference_s=0.2)  # the retry's limit: max(1, 3 × 0.2 + 0.5) = 1.1 s
+    # The first limit leaves the test process time to reach the spin on a loaded host (a run whose second half is
+    # spent starting pytest may read as asleep, and is not retried); the retry's: max(4, 3 × 1.2 + 0.5) = 4.1 s.
+    task = replace(TASK, timeout_s=4, reference_s=1.2)
     hang = _edit(TASK, "durations/format.py", "    remaining = int(seconds)\n", "    while True:\n        pass\n")
     result = asyncio.run(Grader(backend).grade(task, TASK.gold_patch + hang))
     assert (result.resolved, result.status, result.attempts) == (False, "timeout", 2)
-    assert result.error == "the tests ran past 1.1 s"
+    assert result.error == "the tests ran past 4.1 s"
     assert result.busy_share is not None
     assert result.busy_share > grading.IDLE_SHARE
 
@@ -310,7 +314,7 @@ def test_in_docker_a_wide_summary_grades_whole_and_a_hang_times_out_twice():
 
     wide = _wide_task(1200)
     hang = _edit(TASK, "durations/format.py", "    remaining = int(seconds)\n", "    while True:\n        pass\n")
-    hanging = replace(TASK, timeout_s=2)
+    hanging = replace(TASK, timeout_s=4)  # the spin, not pytest's start-up, fills the second half on a loaded host
     backend = make_backend("docker")
 
     async def scenario():
