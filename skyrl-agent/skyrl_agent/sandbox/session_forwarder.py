@@ -5,14 +5,16 @@ ways, to a new connection to the unix socket ``SOCKET`` (the host's :class:`~.se
 mounted into the sandbox). A sandbox without network thus has one way out, to its model server, through a port an
 ordinary HTTP client can use.
 
-A container's init starts it before any command runs (:func:`.session_socket.forwarder_command`), so that the
-command runner counts it among the processes to keep. It uses the standard library only and runs on python ≥ 3.8,
+A container's init starts it before any command runs (:func:`.session_socket.forwarder_command`) and goes on once
+it listens (it detaches itself then), so that the first command finds the port open and the command runner counts
+it among the processes to keep. It uses the standard library only and runs on python ≥ 3.8,
 as the command runner does: it starts in images we do not control.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import threading
@@ -56,12 +58,19 @@ def serve_one(client: socket.socket, path: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Listen on ``127.0.0.1:argv[1]``; every connection is piped to the unix socket ``argv[2]``."""
+    """Listen on ``127.0.0.1:argv[1]``; every connection is piped to the unix socket ``argv[2]``.
+
+    Once the port listens, the process forks and the parent exits (0): whoever started it (the container's init)
+    goes on only then, so the sandbox's first command finds the port open. The child, in the same process group,
+    serves.
+    """
     port, path = int(argv[1]), argv[2]
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
+    if os.fork() > 0:
+        os._exit(0)
     while True:
         client, _ = listener.accept()
         threading.Thread(target=serve_one, args=(client, path), daemon=True).start()

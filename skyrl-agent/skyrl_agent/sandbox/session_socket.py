@@ -35,9 +35,9 @@ MAX_CONNECTIONS = 64  # connections one sandbox may hold open through its socket
 
 
 def forwarder_command(port: int = FORWARD_PORT) -> str:
-    """The shell line that starts the forwarder, detached from the shell that runs it (its parent exits at once)."""
+    """The shell line that starts the forwarder; it returns once the port listens (the forwarder then detaches)."""
     script, path = f"{MODEL_SOCKET_MOUNT}/{FORWARDER_NAME}", f"{MODEL_SOCKET_MOUNT}/{SOCKET_NAME}"
-    return f"(python3 -I -S {script} {port} {path} < /dev/null > /dev/null 2>&1 &)\n"
+    return f"python3 -I -S {script} {port} {path} < /dev/null > /dev/null 2>&1\n"
 
 
 class SessionSocket:

@@ -106,9 +106,10 @@ def test_warm_pool_acquire_is_fast_and_refills() -> None:
                     break
                 await asyncio.sleep(0.05)
             assert pool.ready == 2
-            start = time.perf_counter()
-            sb = await pool.acquire()
-            assert time.perf_counter() - start < 0.05
+            taking = asyncio.ensure_future(pool.acquire())
+            await asyncio.sleep(0)  # one turn of the loop: a ready sandbox is handed out without waiting on a start
+            assert taking.done()
+            sb = taking.result()
             assert (await sb.run("echo pooled")).output == "pooled\n"
             await pool.release(sb)
             for _ in range(200):

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,14 +80,12 @@ def test_the_forwarder_serves_the_socket_on_a_loopback_port() -> None:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
             forwarder = subprocess.Popen(
-                [sys.executable, "-I", "-S", session_forwarder.__file__, str(port), model_socket.path]
+                [sys.executable, "-I", "-S", session_forwarder.__file__, str(port), model_socket.path],
+                start_new_session=True,  # its group: the serving child stays in it
             )
             try:
-                for _ in range(100):  # until it listens
-                    with contextlib.suppress(OSError):
-                        socket.create_connection(("127.0.0.1", port), 1).close()
-                        break
-                    await asyncio.sleep(0.05)
+                # It returns once the port listens (the serving child goes on): no wait before the first connection.
+                assert await asyncio.to_thread(forwarder.wait, 60) == 0
                 requests = [_request(3 * MB, 3 * MB), *(_request(1000, 5000) for _ in range(8))]
                 answers = await asyncio.gather(
                     *(_exchange(lambda: asyncio.open_connection("127.0.0.1", port), r) for r in requests)
@@ -94,7 +93,8 @@ def test_the_forwarder_serves_the_socket_on_a_loopback_port() -> None:
                 for request, answer in zip(requests, answers, strict=True):
                     assert answer.partition(b"\n")[0].decode() == hashlib.sha256(request).hexdigest()
             finally:
-                forwarder.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(forwarder.pid, signal.SIGKILL)
                 forwarder.wait()
 
     asyncio.run(main())
