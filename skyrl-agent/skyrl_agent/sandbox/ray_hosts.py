@@ -228,15 +228,13 @@ class RaySandbox:
         return Snapshot(backend=RayHostBackend.name, ref=f"{self.host.node_id}/{inner.backend}/{inner.ref}")
 
     def keep_alive(self, seconds: float) -> None:
-        """Do not let the sandbox end for ``seconds`` from now; the host hears of it only when needed (above)."""
+        """Do not let the sandbox end for ``seconds`` from now; the host hears of it only when needed (above).
+
+        Called on the event loop that uses the sandbox (as every other method), which sends the promise later.
+        """
         if not self.expires or self._closed or self.host.gone is not None:
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop to wait on: tell the host now
-            self.host.actor.keep_alive.remote(self.key, seconds)
-            self._backend.promises_sent += 1
-            return
+        loop = asyncio.get_running_loop()
         self._wanted = max(self._wanted, loop.time() + seconds)
         if self._wanted > self._ends_at and self._promise is None:
             self._promise = loop.call_at(self._ends_at - self._margin, self._send_promise, loop)
